@@ -1,0 +1,138 @@
+"""The gateway's configuration: pydantic models for the TOML file. Defaults live here.
+
+Every key is documented with a comment in `config/gateway.example.toml`. Unknown keys are refused so a
+typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MiB = 1024 * 1024
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Section):
+    listen: str = "127.0.0.1:8765"
+    path: str = "/mcp"
+    allowed_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1:*", "localhost:*", "[::1]:*"])
+    allowed_origins: list[str] = Field(
+        default_factory=lambda: ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    )
+    max_body_bytes: int = Field(default=4 * MiB, gt=0)
+    keepalive_s: float = Field(default=15.0, gt=0)
+    max_sessions: int = Field(default=1000, gt=0)
+    session_idle_timeout_s: float = Field(default=1800.0, gt=0)
+    exchange_capacity: int = Field(default=1024, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_has_port(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _path_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class StdioConfig(_Section):
+    max_processes: int = Field(default=32, gt=0)
+    idle_processes: int = Field(default=2, ge=0)
+    line_limit_bytes: int = Field(default=64 * MiB, ge=64 * 1024)
+    shutdown_timeout_s: float = Field(default=2.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class HttpUpstreamConfig(_Section):
+    headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_reconnects: int = Field(default=2, ge=0)
+    max_connections: int = Field(default=100, gt=0)
+
+
+class UpstreamConfig(_Section):
+    url: str | None = None
+    command: list[str] | None = None
+    stdio: StdioConfig = Field(default_factory=StdioConfig)
+    http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: object) -> object:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> UpstreamConfig:
+        if self.url and self.command:
+            raise ValueError("set either 'url' or 'command', not both")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' must not be empty")
+        return self
+
+
+class LoggingConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "human"] = "auto"
+
+
+class Config(_Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the key and the reason."""
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate a TOML config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as file:
+            raw = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {describe_errors(exc)}") from None
+
+
+def describe_errors(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        reason = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        parts.append(f"{key}: {reason}")
+    return "; ".join(parts)

@@ -1,0 +1,50 @@
+"""Prometheus metrics of one gateway instance, on its own registry (so tests can run several gateways)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "mcp_gateway_requests",
+            "Client JSON-RPC requests by method and outcome (ok, error, cancelled, disconnected, rejected)",
+            ["method", "outcome"],
+            registry=self.registry,
+        )
+        self.notifications_forwarded = Counter(
+            "mcp_gateway_notifications_forwarded",
+            "Upstream notifications delivered to clients, by method",
+            ["method"],
+            registry=self.registry,
+        )
+        self.notifications_dropped = Counter(
+            "mcp_gateway_notifications_dropped",
+            "Upstream messages with nowhere to go (no open GET stream), by method",
+            ["method"],
+            registry=self.registry,
+        )
+        self.upstream_restarts = Counter(
+            "mcp_gateway_upstream_restarts",
+            "Upstream stdio processes that exited unexpectedly",
+            registry=self.registry,
+        )
+        self.upstream_processes = Gauge(
+            "mcp_gateway_upstream_processes", "Running upstream stdio processes", registry=self.registry
+        )
+        self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
+        self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
+        self.latency = Histogram(
+            "mcp_gateway_request_seconds",
+            "Time from receiving a client request to sending its response, by method",
+            ["method"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)  # type: ignore[no-any-return]

@@ -1,0 +1,125 @@
+"""JSON-RPC 2.0 message kinds, error codes and error construction.
+
+Messages stay plain dicts parsed by orjson: the gateway routes on a few fields and forwards the rest
+untouched. This module must not do I/O or know about transports.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+RequestId = str | int
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800
+HEADER_MISMATCH = -32020
+MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+
+
+class ProtocolError(Exception):
+    """A JSON-RPC error the gateway itself answers with, plus the HTTP status that carries it."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        http_status: int = 400,
+        data: Any = None,
+        request_id: RequestId | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.data = data
+        self.request_id = request_id
+
+    def to_message(self) -> Message:
+        return error_response(self.request_id, self.code, self.message, self.data)
+
+
+def error_response(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def parse_message(body: bytes) -> Message:
+    """Parse one JSON-RPC message from bytes, or raise ProtocolError (-32700 / -32600)."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(PARSE_ERROR, f"Parse error: body is not valid JSON ({exc})") from None
+    if isinstance(value, list):
+        raise ProtocolError(INVALID_REQUEST, "Invalid request: JSON-RPC batches are not supported; send one message")
+    if not isinstance(value, dict):
+        raise ProtocolError(INVALID_REQUEST, "Invalid request: the body must be a JSON-RPC object")
+    classify(value)
+    return value
+
+
+def classify(message: Message) -> Kind:
+    """Tell a request, a notification and a response apart, or raise ProtocolError (-32600)."""
+    if message.get("jsonrpc") != "2.0":
+        raise ProtocolError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0"', request_id=_safe_id(message))
+    method = message.get("method")
+    has_id = "id" in message
+    if method is not None:
+        if not isinstance(method, str):
+            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "method" must be a string', request_id=_safe_id(message))
+        params = message.get("params")
+        if params is not None and not isinstance(params, dict):
+            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "params" must be an object', request_id=_safe_id(message))
+        if not has_id:
+            return Kind.NOTIFICATION
+        if not _valid_id(message["id"]):
+            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "id" must be a string or an integer')
+        return Kind.REQUEST
+    if has_id and ("result" in message or "error" in message):
+        return Kind.RESPONSE
+    raise ProtocolError(INVALID_REQUEST, "Invalid request: neither a request, a notification nor a response")
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _safe_id(message: Message) -> RequestId | None:
+    value = message.get("id")
+    return value if _valid_id(value) else None  # type: ignore[return-value]
+
+
+def params_of(message: Message) -> dict[str, Any]:
+    params = message.get("params")
+    return params if isinstance(params, dict) else {}
+
+
+def meta_of(message: Message) -> dict[str, Any]:
+    meta = params_of(message).get("_meta")
+    return meta if isinstance(meta, dict) else {}
+
+
+def is_final(message: Message) -> bool:
+    """True for a response (result or error), the last message of an exchange."""
+    return "method" not in message and ("result" in message or "error" in message)
+
+
+def dumps(message: Message) -> bytes:
+    return orjson.dumps(message)

@@ -1,0 +1,1 @@
+"""Links to the one upstream MCP server: stdio subprocesses or Streamable HTTP, behind one interface."""

@@ -1,0 +1,150 @@
+"""The interface every upstream link implements, and the Exchange that carries one request's messages.
+
+An `UpstreamChannel` is one upstream conversation (a stdio process, or an HTTP upstream session).
+`request()` returns an `Exchange`: every message the upstream routes to that request (notifications,
+server-to-client requests) in arrival order, ending with exactly one response. Upstream failures never
+raise out of a channel; they end the exchange with a JSON-RPC error response instead.
+
+Backpressure is end to end: `Exchange.deliver` waits while the consumer is `capacity` messages behind,
+so a burst is never dropped and never buffered without bound. A consumer that goes away calls
+`detach()`, after which messages are discarded so the link never stalls on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import Message, RequestId
+
+UnsolicitedHandler = Callable[[Message], Awaitable[None]]
+CancelHook = Callable[[], Awaitable[None]]
+
+DEFAULT_EXCHANGE_CAPACITY = 1024
+
+
+class Exchange:
+    """The messages routed to one request in flight upstream, ending with its response."""
+
+    def __init__(self, request_id: RequestId, method: str, capacity: int = DEFAULT_EXCHANGE_CAPACITY) -> None:
+        self.request_id = request_id
+        self.method = method
+        self._capacity = capacity
+        self._items: deque[Message] = deque()
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._finished = False
+        self._detached = False
+        self._cancel_hook: CancelHook | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the response has been delivered (or the exchange was failed)."""
+        return self._finished
+
+    def on_cancel(self, hook: CancelHook) -> None:
+        """Set by the link: how to cancel this request upstream (era and transport specific)."""
+        self._cancel_hook = hook
+
+    async def deliver(self, message: Message) -> None:
+        """Called by the link for each message routed here, in arrival order."""
+        if self._finished:
+            return
+        while len(self._items) >= self._capacity and not self._detached:
+            self._writable.clear()
+            await self._writable.wait()
+        final = jsonrpc.is_final(message)
+        if final:
+            self._finished = True
+        if self._detached:
+            return
+        self._items.append(message)
+        self._readable.set()
+
+    def fail(self, code: int, text: str, data: object = None) -> None:
+        """End the exchange with a JSON-RPC error now, after what is already queued. Never blocks."""
+        if self._finished:
+            return
+        self._finished = True
+        if not self._detached:
+            self._items.append(jsonrpc.error_response(self.request_id, code, text, data))
+            self._readable.set()
+
+    def detach(self) -> None:
+        """The consumer is gone: discard what is queued and whatever still arrives."""
+        self._detached = True
+        self._items.clear()
+        self._writable.set()
+
+    async def cancel(self) -> None:
+        """Cancel the request upstream (the link decides how) and stop delivery."""
+        hook, self._cancel_hook = self._cancel_hook, None
+        self.detach()
+        if hook is not None and not self._finished:
+            self._finished = True
+            await hook()
+        self._finished = True
+
+    async def batches(self) -> AsyncIterator[list[Message]]:
+        """Yield everything available at each wake-up, until the response has been yielded."""
+        while True:
+            while not self._items:
+                if self._finished and not self._items:
+                    return
+                self._readable.clear()
+                await self._readable.wait()
+            batch = list(self._items)
+            self._items.clear()
+            self._writable.set()
+            yield batch
+            if self._finished and not self._items and jsonrpc.is_final(batch[-1]):
+                return
+
+
+class UpstreamChannel(ABC):
+    """One upstream conversation. Headers are the client's forwardable MCP headers (HTTP links use them)."""
+
+    @abstractmethod
+    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
+        """Send a request upstream. Failures arrive as a JSON-RPC error on the exchange, never as exceptions."""
+
+    @abstractmethod
+    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
+        """Forward a client notification (`notifications/cancelled` ids are translated by the link)."""
+
+    @abstractmethod
+    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
+        """Forward the client's response to a server-to-client request."""
+
+    @abstractmethod
+    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
+        """Where messages not tied to a request go (list_changed, unattributed server requests)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """End the conversation: in-flight exchanges fail, the upstream session or process ends."""
+
+
+class Upstream(ABC):
+    """The upstream server: hands out channels per client session (legacy) or per request (modern)."""
+
+    @abstractmethod
+    async def open_session(self) -> UpstreamChannel:
+        """A channel dedicated to one legacy (handshake-era) client session."""
+
+    @abstractmethod
+    def stateless(self) -> AbstractAsyncContextManager[UpstreamChannel]:
+        """A channel for one modern (2026-07-28) request, held for that request's lifetime."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Prepare (open HTTP client sessions, warm processes)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop every process and connection the upstream owns."""
