@@ -32,6 +32,7 @@ class ServerConfig(_Section):
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
     exchange_capacity: int = Field(default=1024, gt=0)
+    initialize_timeout_s: float = Field(default=30.0, gt=0)
 
     @field_validator("listen")
     @classmethod
@@ -50,6 +51,7 @@ class ServerConfig(_Section):
 class StdioConfig(_Section):
     max_processes: int = Field(default=32, gt=0)
     idle_processes: int = Field(default=2, ge=0)
+    acquire_timeout_s: float = Field(default=10.0, gt=0)
     line_limit_bytes: int = Field(default=64 * MiB, ge=64 * 1024)
     shutdown_timeout_s: float = Field(default=2.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)

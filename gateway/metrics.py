@@ -47,4 +47,4 @@ class Metrics:
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)  # type: ignore[no-any-return]
+        return generate_latest(self.registry)

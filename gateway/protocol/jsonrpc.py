@@ -77,24 +77,28 @@ def parse_message(body: bytes) -> Message:
 
 def classify(message: Message) -> Kind:
     """Tell a request, a notification and a response apart, or raise ProtocolError (-32600)."""
+
+    def invalid(reason: str) -> ProtocolError:
+        return ProtocolError(INVALID_REQUEST, f"Invalid request: {reason}", request_id=_safe_id(message))
+
     if message.get("jsonrpc") != "2.0":
-        raise ProtocolError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0"', request_id=_safe_id(message))
+        raise invalid('"jsonrpc" must be "2.0"')
     method = message.get("method")
     has_id = "id" in message
     if method is not None:
         if not isinstance(method, str):
-            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "method" must be a string', request_id=_safe_id(message))
+            raise invalid('"method" must be a string')
         params = message.get("params")
         if params is not None and not isinstance(params, dict):
-            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "params" must be an object', request_id=_safe_id(message))
+            raise invalid('"params" must be an object')
         if not has_id:
             return Kind.NOTIFICATION
         if not _valid_id(message["id"]):
-            raise ProtocolError(INVALID_REQUEST, 'Invalid request: "id" must be a string or an integer')
+            raise invalid('"id" must be a string or an integer')
         return Kind.REQUEST
     if has_id and ("result" in message or "error" in message):
         return Kind.RESPONSE
-    raise ProtocolError(INVALID_REQUEST, "Invalid request: neither a request, a notification nor a response")
+    raise invalid("neither a request, a notification nor a response")
 
 
 def _valid_id(value: object) -> bool:
@@ -103,7 +107,7 @@ def _valid_id(value: object) -> bool:
 
 def _safe_id(message: Message) -> RequestId | None:
     value = message.get("id")
-    return value if _valid_id(value) else None  # type: ignore[return-value]
+    return value if _valid_id(value) else None
 
 
 def params_of(message: Message) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 
 from gateway.protocol import jsonrpc
@@ -75,6 +75,11 @@ class Exchange:
             self._items.append(jsonrpc.error_response(self.request_id, code, text, data))
             self._readable.set()
 
+    def end(self) -> None:
+        """Finish without a response (for streams that have none): the consumer sees the end."""
+        self._finished = True
+        self._readable.set()
+
     def detach(self) -> None:
         """The consumer is gone: discard what is queued and whatever still arrives."""
         self._detached = True
@@ -90,20 +95,29 @@ class Exchange:
             await hook()
         self._finished = True
 
-    async def batches(self) -> AsyncIterator[list[Message]]:
-        """Yield everything available at each wake-up, until the response has been yielded."""
-        while True:
-            while not self._items:
-                if self._finished and not self._items:
-                    return
-                self._readable.clear()
-                await self._readable.wait()
-            batch = list(self._items)
-            self._items.clear()
-            self._writable.set()
-            yield batch
-            if self._finished and not self._items and jsonrpc.is_final(batch[-1]):
-                return
+    async def next_batch(self, wait_s: float | None = None) -> list[Message] | None:
+        """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over."""
+        if not self._items:
+            if self._finished:
+                return None
+            self._readable.clear()
+            try:
+                await asyncio.wait_for(self._readable.wait(), wait_s)
+            except TimeoutError:
+                return []
+            if not self._items:
+                return None if self._finished else []
+        batch = list(self._items)
+        self._items.clear()
+        self._writable.set()
+        return batch
+
+    async def collect(self) -> list[Message]:
+        """Every message until the response (inclusive)."""
+        messages: list[Message] = []
+        while (batch := await self.next_batch()) is not None:
+            messages.extend(batch)
+        return messages
 
 
 class UpstreamChannel(ABC):

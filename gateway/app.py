@@ -1,0 +1,118 @@
+"""Composition root: builds the gateway's parts from a Config and runs them on an aiohttp server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.config import Config, parse_listen
+from gateway.edge.endpoint import McpEndpoint, json_response
+from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.protocol import jsonrpc
+from gateway.sessions import SessionRegistry
+from gateway.upstream.base import Upstream
+from gateway.upstream.http import HttpUpstream
+from gateway.upstream.stdio import StdioUpstream
+
+log = logging.getLogger("gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_upstream(config: Config, metrics: Metrics) -> Upstream:
+    upstream = config.upstream
+    capacity = config.server.exchange_capacity
+    if upstream.url:
+        return HttpUpstream(upstream.url, upstream.http, metrics, capacity)
+    if upstream.command:
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity)
+    raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give each HTTP request an id for the logs, and turn an unexpected failure into a JSON-RPC error."""
+    request_id = secrets.token_hex(6)
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("request failed", extra={"request_id": request_id, "path": request.path})
+        response = json_response(jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "Internal error"), 500)
+    if not response.prepared:
+        response.headers["X-Request-Id"] = request_id
+    log.debug(
+        "http request",
+        extra={
+            "request_id": request_id,
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "ms": round((time.perf_counter() - started) * 1000, 2),
+        },
+    )
+    return response
+
+
+def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
+    metrics = Metrics()
+    upstream = upstream or build_upstream(config, metrics)
+    sessions = SessionRegistry(
+        upstream,
+        metrics,
+        config.server.max_sessions,
+        config.server.session_idle_timeout_s,
+        config.server.exchange_capacity,
+    )
+    endpoint = McpEndpoint(config.server, upstream, sessions, metrics)
+    app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
+    ready = asyncio.Event()
+
+    async def healthz(_: web.Request) -> web.Response:
+        status = 200 if ready.is_set() else 503
+        body = {"status": "ok" if ready.is_set() else "starting", "version": __version__, "sessions": len(sessions)}
+        return json_response(body, status)
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        await upstream.start()
+        sessions.start()
+        ready.set()
+        yield
+        ready.clear()
+        await sessions.stop()
+        await upstream.close()
+
+    app.router.add_route("*", config.server.path, endpoint.handle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_handler)
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
+    host, port = parse_listen(config.server.listen)
+    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
+    try:
+        await site.start()
+        shown_host = f"[{host}]" if ":" in host else host
+        url = f"http://{shown_host}:{port}{config.server.path}"
+        log.info("gateway ready", extra={"url": url})
+        if on_ready is not None:
+            on_ready(url)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,89 @@
+"""The `mcp-task-gateway` command: serve and check-config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from gateway.config import Config, ConfigError, describe_errors, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-task-gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway in front of one MCP server")
+    serve.add_argument("--config", metavar="PATH", help="TOML config file (see config/gateway.example.toml)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8765)")
+    upstream = serve.add_mutually_exclusive_group()
+    upstream.add_argument(
+        "--upstream-url", metavar="URL", help="Streamable HTTP upstream, e.g. http://127.0.0.1:9000/mcp"
+    )
+    upstream.add_argument("--upstream-cmd", metavar="'CMD ARGS...'", help="stdio upstream command line")
+
+    check = commands.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("path")
+    return parser
+
+
+def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
+    """Flags override the file; re-validate so a bad flag is reported like a bad key."""
+    data = config.model_dump()
+    if args.listen:
+        data["server"]["listen"] = args.listen
+    if args.upstream_url:
+        data["upstream"].update(url=args.upstream_url, command=None)
+    if args.upstream_cmd:
+        data["upstream"].update(command=shlex.split(args.upstream_cmd), url=None)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"command line: {describe_errors(exc)}") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.app import serve
+    from gateway.logs import setup_logging
+
+    config = _apply_flags(load_config(args.config), args)
+    if not (config.upstream.url or config.upstream.command):
+        raise ConfigError("no upstream: set upstream.url or upstream.command, or pass --upstream-url/--upstream-cmd")
+    setup_logging(config.logging.level, config.logging.format)
+
+    def announce(url: str) -> None:
+        print(f"mcp-task-gateway listening on {url}", flush=True)
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve(config, announce)
+
+    asyncio.run(run())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check-config":
+            load_config(args.path)
+            print(f"{args.path}: ok")
+            return 0
+        return _serve(args)
+    except ConfigError as exc:
+        print(f"mcp-task-gateway: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"mcp-task-gateway: {exc}", file=sys.stderr)
+        return 1

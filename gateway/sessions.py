@@ -1,0 +1,132 @@
+"""Legacy (handshake-era) client sessions: the gateway's own Mcp-Session-Id and what hangs off it.
+
+A session owns one upstream channel, the standalone GET stream's queue, and the ids of the
+server-to-client requests relayed to it (so the client's response POST can be checked and routed).
+Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+
+from gateway.metrics import Metrics
+from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+
+log = logging.getLogger("gateway.sessions")
+
+# The standalone GET stream reuses Exchange's bounded, backpressured queue; it never "finishes".
+_GET_STREAM_ID = "__get_stream__"
+
+
+class Session:
+    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, capacity: int) -> None:
+        self.id = session_id
+        self.channel = channel
+        self.last_seen = time.monotonic()
+        self.open_streams = 0
+        self.pending_server_requests: set[RequestId] = set()
+        self._metrics = metrics
+        self._capacity = capacity
+        self.get_stream: Exchange | None = None
+        channel.set_unsolicited_handler(self.deliver_unsolicited)
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def note_outgoing(self, message: Message) -> None:
+        """Record a server-to-client request relayed to this client, so its response can be routed."""
+        if "method" in message and "id" in message:
+            self.pending_server_requests.add(message["id"])
+
+    async def deliver_unsolicited(self, message: Message) -> None:
+        stream = self.get_stream
+        if stream is None:
+            self._metrics.notifications_dropped.labels(method=str(message.get("method"))).inc()
+            return
+        self.note_outgoing(message)
+        await stream.deliver(message)
+
+    def open_get_stream(self) -> Exchange | None:
+        """The queue for a new GET stream, or None if one is already open (the caller answers 409)."""
+        if self.get_stream is not None:
+            return None
+        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._capacity)
+        return self.get_stream
+
+    def close_get_stream(self, stream: Exchange) -> None:
+        stream.detach()
+        if self.get_stream is stream:
+            self.get_stream = None
+
+    async def close(self) -> None:
+        if self.get_stream is not None:
+            self.get_stream.end()
+            self.get_stream = None
+        await self.channel.close()
+
+
+class SessionLimitReached(Exception):
+    pass
+
+
+class SessionRegistry:
+    def __init__(self, upstream: Upstream, metrics: Metrics, max_sessions: int, idle_timeout_s: float, capacity: int):
+        self._upstream = upstream
+        self._metrics = metrics
+        self._max_sessions = max_sessions
+        self._idle_timeout_s = idle_timeout_s
+        self._capacity = capacity
+        self._sessions: dict[str, Session] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    async def create(self) -> Session:
+        if len(self._sessions) >= self._max_sessions:
+            raise SessionLimitReached(f"the gateway holds its maximum of {self._max_sessions} sessions")
+        channel = await self._upstream.open_session()
+        session = Session(secrets.token_hex(16), channel, self._metrics, self._capacity)
+        self._sessions[session.id] = session
+        self._metrics.sessions.set(len(self._sessions))
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.touch()
+        return session
+
+    async def close(self, session_id: str) -> bool:
+        session = self._sessions.pop(session_id, None)
+        self._metrics.sessions.set(len(self._sessions))
+        if session is None:
+            return False
+        await session.close()
+        return True
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
+
+    async def _sweep(self) -> None:
+        interval = min(60.0, self._idle_timeout_s / 2)
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = time.monotonic() - self._idle_timeout_s
+            idle = [s.id for s in self._sessions.values() if s.last_seen < cutoff and s.open_streams == 0]
+            for session_id in idle:
+                log.info("closing idle session", extra={"session": session_id})
+                await self.close(session_id)
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for session_id in list(self._sessions):
+            await self.close(session_id)

@@ -1,0 +1,407 @@
+"""The stdio upstream: the configured command as subprocesses speaking newline-delimited JSON-RPC.
+
+Process model: a legacy (handshake-era) client session gets a process of its own, because the
+handshake binds a stdio process to one client. Modern (2026-07-28) requests carry everything in their
+`_meta` envelope, so they share a pool of processes, each leased to one request at a time; that keeps
+`notifications/message`, which carries no request id on stdio, attributable to its request. The total
+number of processes is capped by `max_processes`.
+
+On one process several exchanges may be in flight, so ids are rewritten: each upstream request gets a
+gateway-chosen integer id, which is also its progress token, and responses, progress notifications and
+`notifications/cancelled` are mapped back. A process that dies fails its in-flight exchanges at once;
+the next request respawns it and, for a session, replays the recorded handshake first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.config import StdioConfig
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
+
+log = logging.getLogger("gateway.upstream.stdio")
+
+# Notifications and server requests that belong to whatever request is running; on stdio nothing says
+# which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
+_REQUEST_SCOPED = frozenset(
+    {"notifications/message", "sampling/createMessage", "elicitation/create", "roots/list", "ping"}
+)
+
+
+class UpstreamBusy(Exception):
+    """No upstream process could be had within the limit; the edge answers 503."""
+
+
+@dataclass(slots=True)
+class _Route:
+    exchange: Exchange
+    client_id: RequestId
+    client_token: Any
+
+
+class StdioProcess:
+    """One running subprocess and the routing of its messages to exchanges."""
+
+    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, capacity: int) -> None:
+        self._command = command
+        self._config = config
+        self._metrics = metrics
+        self._capacity = capacity
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ids = itertools.count(1)
+        self._routes: dict[int, _Route] = {}
+        self._by_client_id: dict[RequestId, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.abandoned_requests = False
+        self.exited = asyncio.Event()
+        self.unsolicited: UnsolicitedHandler | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and not self.exited.is_set()
+
+    async def start(self) -> None:
+        env = {**os.environ, **self._config.env}
+        self._proc = await asyncio.create_subprocess_exec(
+            *self._command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=self._config.cwd,
+            limit=self._config.line_limit_bytes,
+            start_new_session=True,
+        )
+        self._metrics.upstream_processes.inc()
+        log.info("upstream process started", extra={"pid": self._proc.pid, "command": self._command})
+        self._tasks = [
+            asyncio.create_task(self._read_stdout(), name=f"stdio-out-{self._proc.pid}"),
+            asyncio.create_task(self._read_stderr(), name=f"stdio-err-{self._proc.pid}"),
+        ]
+
+    async def request(self, message: Message) -> Exchange:
+        client_id = message["id"]
+        exchange = Exchange(client_id, message["method"], self._capacity)
+        if not self.alive:
+            exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process is not running")
+            return exchange
+        upstream_id = next(self._ids)
+        params = message.get("params")
+        client_token = None
+        if isinstance(params, dict):
+            meta = params.get("_meta")
+            if isinstance(meta, dict) and "progressToken" in meta:
+                client_token = meta["progressToken"]
+                params = {**params, "_meta": {**meta, "progressToken": upstream_id}}
+        outgoing = {**message, "id": upstream_id}
+        if params is not None:
+            outgoing["params"] = params
+        self._routes[upstream_id] = _Route(exchange, client_id, client_token)
+        self._by_client_id[client_id] = upstream_id
+        exchange.on_cancel(lambda: self._cancel(upstream_id, "client disconnected"))
+        if not await self._write(outgoing):
+            self._forget(upstream_id)
+            exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process is not running")
+        return exchange
+
+    async def notify(self, message: Message) -> None:
+        if message.get("method") == "notifications/cancelled":
+            params = jsonrpc.params_of(message)
+            upstream_id = self._by_client_id.get(params.get("requestId"))  # type: ignore[arg-type]
+            if upstream_id is not None:
+                route = self._routes.get(upstream_id)
+                await self._cancel(upstream_id, params.get("reason"))
+                if route is not None:
+                    # The SDK's stdio servers send nothing for a cancelled request; end the client's
+                    # stream the way its HTTP transport does, so clients see one behaviour.
+                    route.exchange.fail(jsonrpc.REQUEST_CANCELLED, "Request cancelled")
+            return
+        await self._write(message)
+
+    async def respond(self, message: Message) -> None:
+        await self._write(message)
+
+    async def _cancel(self, upstream_id: int, reason: object) -> None:
+        if self._forget(upstream_id) is None:
+            return
+        self.abandoned_requests = True
+        cancel: Message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": upstream_id}}
+        if isinstance(reason, str):
+            cancel["params"]["reason"] = reason
+        await self._write(cancel)
+
+    def _forget(self, upstream_id: int) -> _Route | None:
+        route = self._routes.pop(upstream_id, None)
+        if route is not None and self._by_client_id.get(route.client_id) == upstream_id:
+            del self._by_client_id[route.client_id]
+        return route
+
+    async def _write(self, message: Message) -> bool:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self.exited.is_set():
+            return False
+        try:
+            proc.stdin.write(orjson.dumps(message) + b"\n")
+            await proc.stdin.drain()
+        except (ConnectionError, RuntimeError):
+            return False
+        return True
+
+    async def _read_stdout(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+        try:
+            while line := await stdout.readline():
+                try:
+                    message = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    text = line[:200].decode(errors="replace")
+                    log.warning("upstream wrote a line that is not JSON", extra={"line": text})
+                    continue
+                if isinstance(message, dict):
+                    await self._route(message)
+        except ValueError:
+            log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
+        except Exception:
+            log.exception("stdio reader failed")
+        finally:
+            await self._on_exit()
+
+    async def _route(self, message: Message) -> None:
+        method = message.get("method")
+        if method is None:
+            upstream_id = message.get("id")
+            route = self._forget(upstream_id) if isinstance(upstream_id, int) else None
+            if route is not None:
+                await route.exchange.deliver({**message, "id": route.client_id})
+            return
+        if method == "notifications/progress":
+            params = jsonrpc.params_of(message)
+            token = params.get("progressToken")
+            route = self._routes.get(token) if isinstance(token, int) else None
+            if route is not None:
+                await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
+                return
+        elif method in _REQUEST_SCOPED and len(self._routes) == 1:
+            (route,) = self._routes.values()
+            await route.exchange.deliver(message)
+            return
+        await self._deliver_unsolicited(message)
+
+    async def _deliver_unsolicited(self, message: Message) -> None:
+        if self.unsolicited is None:
+            self._metrics.notifications_dropped.labels(method=str(message.get("method"))).inc()
+            return
+        await self.unsolicited(message)
+
+    async def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        stderr, pid = self._proc.stderr, self._proc.pid
+        with contextlib.suppress(Exception):
+            while line := await stderr.readline():
+                log.info("upstream: %s", line.decode(errors="replace").rstrip(), extra={"pid": pid})
+
+    async def _on_exit(self) -> None:
+        assert self._proc is not None
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), timeout=self._config.shutdown_timeout_s)
+        except TimeoutError:
+            self._proc.kill()
+            code = await self._proc.wait()
+        if not self.exited.is_set():
+            self.exited.set()
+            self._metrics.upstream_processes.dec()
+        if not self._stopping:
+            self._metrics.upstream_restarts.inc()
+            log.warning("upstream process exited", extra={"pid": self._proc.pid, "code": code})
+        routes = list(self._routes.values())
+        self._routes.clear()
+        self._by_client_id.clear()
+        for route in routes:
+            route.exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream process exited (code {code})")
+
+    async def stop(self) -> None:
+        """Close stdin, wait, then SIGTERM, then SIGKILL, as the MCP stdio transport prescribes."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._stopping = True
+        if proc.returncode is None:
+            if proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.close()
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout=self._config.shutdown_timeout_s)
+                    break
+                except TimeoutError:
+                    continue
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class StdioChannel(UpstreamChannel):
+    """A conversation over one process at a time: spawned on first use, respawned after a crash.
+
+    A session's handshake (`initialize` and `notifications/initialized`) is recorded and replayed to a
+    respawned process, so the client's session survives an upstream crash.
+    """
+
+    def __init__(self, upstream: StdioUpstream) -> None:
+        self._upstream = upstream
+        self._process: StdioProcess | None = None
+        self._spawn_lock = asyncio.Lock()
+        self._handshake: list[Message] = []
+        self._unsolicited: UnsolicitedHandler | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def ensure_started(self) -> None:
+        await self._live_process()
+
+    async def _live_process(self) -> StdioProcess:
+        async with self._spawn_lock:
+            if self._process is not None and self._process.alive:
+                return self._process
+            process = self._upstream.new_process()
+            process.unsolicited = self._unsolicited
+            await process.start()
+            self._process = process
+            await self._replay_handshake(process)
+            return process
+
+    async def _replay_handshake(self, process: StdioProcess) -> None:
+        for message in self._handshake:
+            if "id" in message:
+                exchange = await process.request(message)
+                await exchange.collect()
+            else:
+                await process.notify(message)
+
+    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
+        if self._closed:
+            exchange = Exchange(message["id"], message["method"])
+            exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
+            return exchange
+        process = await self._live_process()
+        if message["method"] == "initialize":
+            self._handshake = [message]
+        return await process.request(message)
+
+    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
+        if message.get("method") == "notifications/initialized" and len(self._handshake) == 1:
+            self._handshake.append(message)
+        if self._process is not None and self._process.alive:
+            await self._process.notify(message)
+
+    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
+        if self._process is not None and self._process.alive:
+            await self._process.respond(message)
+
+    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
+        self._unsolicited = handler
+        if self._process is not None:
+            self._process.unsolicited = handler
+
+    @property
+    def reusable(self) -> bool:
+        """Open, and no request was abandoned on it whose late output could reach the next one."""
+        return not self._closed and (self._process is None or not self._process.abandoned_requests)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        process, self._process = self._process, None
+        if process is not None:
+            await process.stop()
+        self._upstream.forget(self)
+
+
+class StdioUpstream(Upstream):
+    """Owns every stdio channel: per-session ones and the pool that serves modern requests."""
+
+    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, exchange_capacity: int = 1024):
+        self._command = command
+        self._config = config
+        self._metrics = metrics
+        self._capacity = exchange_capacity
+        self._slots = asyncio.Semaphore(config.max_processes)
+        self._idle: list[StdioChannel] = []
+        self._channels: set[StdioChannel] = set()
+
+    def new_process(self) -> StdioProcess:
+        return StdioProcess(self._command, self._config, self._metrics, self._capacity)
+
+    def forget(self, channel: StdioChannel) -> None:
+        """Called once by a closing channel: its process slot is free again."""
+        self._channels.discard(channel)
+        self._slots.release()
+
+    async def _new_channel(self, wait_s: float) -> StdioChannel:
+        if self._slots.locked() and self._idle:
+            await self._idle.pop().close()
+        if self._slots.locked() and wait_s <= 0:
+            raise UpstreamBusy(self._busy_message())
+        try:
+            # An unlocked semaphore is acquired at once; only a full one needs the deadline.
+            async with asyncio.timeout(wait_s if self._slots.locked() else None):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise UpstreamBusy(self._busy_message()) from None
+        channel = StdioChannel(self)
+        self._channels.add(channel)
+        return channel
+
+    def _busy_message(self) -> str:
+        return f"all {self._config.max_processes} upstream processes are in use (upstream.stdio.max_processes)"
+
+    async def start(self) -> None:
+        for _ in range(min(self._config.idle_processes, self._config.max_processes)):
+            channel = await self._new_channel(0)
+            await channel.ensure_started()
+            self._idle.append(channel)
+
+    async def open_session(self) -> UpstreamChannel:
+        return await self._new_channel(0)
+
+    @asynccontextmanager
+    async def stateless(self) -> AsyncIterator[UpstreamChannel]:
+        channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
+        try:
+            yield channel
+        finally:
+            if channel.reusable and len(self._idle) < self._config.idle_processes:
+                self._idle.append(channel)
+            else:
+                await channel.close()
+
+    async def close(self) -> None:
+        channels = list(self._channels)
+        self._idle.clear()
+        await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)
