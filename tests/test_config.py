@@ -1,0 +1,59 @@
+"""Config loading and check-config: defaults, flag overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_file_gives_the_defaults() -> None:
+    config = load_config(None)
+    assert config.server.listen == "127.0.0.1:8765" and config.server.path == "/mcp"
+
+
+def test_the_example_file_is_valid_and_matches_the_defaults() -> None:
+    # The example documents every key with its default value: the two must not drift apart.
+    assert load_config(ROOT / "config" / "gateway.example.toml") == Config()
+
+
+def test_command_may_be_a_string(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text("[upstream]\ncommand = \"python server.py --flag 'a b'\"\n")
+    assert load_config(path).upstream.command == ["python", "server.py", "--flag", "a b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[server]\nlisten = 'nope'\n", "server.listen"),
+        ("[server]\nlistn = '127.0.0.1:1'\n", "server.listn: unknown key"),
+        ("[upstream]\nurl = 'ftp://x'\n", "upstream.url"),
+        ("[upstream]\nurl = 'http://x'\ncommand = 'y'\n", "either 'url' or 'command'"),
+        ("[upstream.stdio]\nmax_processes = 0\n", "upstream.stdio.max_processes"),
+        ("[server\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("(", r"\(")):
+        load_config(path)
+
+
+def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(ROOT / "config" / "gateway.example.toml")]) == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[logging]\nlevel = 'loud'\n")
+    assert main(["check-config", str(bad)]) == 2
+    assert "logging.level" in capsys.readouterr().err
+
+
+def test_serve_without_an_upstream_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--listen", "127.0.0.1:0"]) == 2
+    assert "no upstream" in capsys.readouterr().err

@@ -1,0 +1,188 @@
+"""Unit tests of the I/O-free protocol core: message parsing, era rules, the 2026 envelope, HTTP checks."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from gateway.edge import checks
+from gateway.protocol import jsonrpc
+from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Kind, ProtocolError
+
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def headers_of(**values: str | list[str]) -> HeaderValues:
+    table = {name.lower().replace("_", "-"): v if isinstance(v, list) else [v] for name, v in values.items()}
+    return lambda name: table.get(name.lower(), [])
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{not json", jsonrpc.PARSE_ERROR),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', jsonrpc.INVALID_REQUEST),
+        (b'"a string"', jsonrpc.INVALID_REQUEST),
+        (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', jsonrpc.INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', jsonrpc.INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', jsonrpc.INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":"ping","params":[1]}', jsonrpc.INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1}', jsonrpc.INVALID_REQUEST),
+    ],
+)
+def test_parse_rejects_bad_messages_with_the_right_code(body: bytes, code: int) -> None:
+    with pytest.raises(ProtocolError) as info:
+        jsonrpc.parse_message(body)
+    assert info.value.code == code
+    assert info.value.http_status == 400
+
+
+def test_classify_tells_the_three_kinds_apart() -> None:
+    assert jsonrpc.classify({"jsonrpc": "2.0", "id": "a", "method": "tools/list"}) is Kind.REQUEST
+    assert jsonrpc.classify({"jsonrpc": "2.0", "method": "notifications/initialized"}) is Kind.NOTIFICATION
+    assert jsonrpc.classify({"jsonrpc": "2.0", "id": 3, "result": {}}) is Kind.RESPONSE
+    assert jsonrpc.classify({"jsonrpc": "2.0", "id": 3, "error": {"code": 1, "message": "x"}}) is Kind.RESPONSE
+
+
+def test_parse_keeps_unknown_fields() -> None:
+    message = jsonrpc.parse_message(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"vendor":{"k":[1,2]}},"extra":1}')
+    assert message["params"]["vendor"] == {"k": [1, 2]} and message["extra"] == 1
+
+
+@pytest.mark.parametrize(
+    ("header", "era"),
+    [(None, Era.LEGACY), ("2024-11-05", Era.LEGACY), ("2025-11-25", Era.LEGACY), ("2026-07-28", Era.MODERN)],
+)
+def test_era_routing_follows_the_reference_sdk(header: str | None, era: Era) -> None:
+    assert Era.for_header(header) is era
+
+
+def test_unknown_version_header_takes_the_modern_path() -> None:
+    assert Era.for_header("1999-01-01") is Era.MODERN
+
+
+def test_error_status_differs_by_era() -> None:
+    not_found = jsonrpc.error_response(1, jsonrpc.METHOD_NOT_FOUND, "x")
+    assert Era.LEGACY.status_for_response(not_found) == 200
+    assert Era.MODERN.status_for_response(not_found) == 404
+    assert Era.MODERN.status_for_response(jsonrpc.error_response(1, jsonrpc.HEADER_MISMATCH, "x")) == 400
+    assert Era.MODERN.status_for_response({"jsonrpc": "2.0", "id": 1, "result": {}}) == 200
+    assert Era.LEGACY.empty_result == {} and Era.MODERN.empty_result == {"resultType": "complete"}
+
+
+def _call(name: str = "echo", meta: dict[str, object] | None = None) -> jsonrpc.Message:
+    return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, "_meta": meta or ENVELOPE}}
+
+
+def test_envelope_accepts_a_well_formed_request() -> None:
+    check_modern_request(
+        _call(), headers_of(mcp_protocol_version="2026-07-28", mcp_method="tools/call", mcp_name="echo")
+    )
+
+
+def test_envelope_missing_keys_is_invalid_params() -> None:
+    with pytest.raises(ProtocolError) as info:
+        check_modern_request(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+            headers_of(mcp_protocol_version="2026-07-28", mcp_method="tools/list"),
+        )
+    assert info.value.code == jsonrpc.INVALID_PARAMS and "protocolVersion" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"mcp_protocol_version": "2025-11-25", "mcp_method": "tools/call", "mcp_name": "echo"},
+        {"mcp_protocol_version": "2026-07-28", "mcp_method": "tools/list", "mcp_name": "echo"},
+        {"mcp_protocol_version": "2026-07-28", "mcp_method": "tools/call", "mcp_name": "other"},
+        {"mcp_protocol_version": "2026-07-28", "mcp_method": "tools/call"},
+        {"mcp_protocol_version": "2026-07-28", "mcp_method": ["tools/call", "tools/call"], "mcp_name": "echo"},
+    ],
+)
+def test_envelope_header_disagreement_is_header_mismatch(headers: dict[str, str | list[str]]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        check_modern_request(_call(), headers_of(**headers))
+    assert info.value.code == jsonrpc.HEADER_MISMATCH and info.value.request_id == 7
+
+
+def test_envelope_unsupported_version_lists_the_supported_ones() -> None:
+    meta = {**ENVELOPE, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}
+    with pytest.raises(ProtocolError) as info:
+        check_modern_request(
+            _call(meta=meta), headers_of(mcp_protocol_version="2099-01-01", mcp_method="tools/call", mcp_name="echo")
+        )
+    assert info.value.code == jsonrpc.UNSUPPORTED_PROTOCOL_VERSION
+    assert info.value.data == {"supported": ["2026-07-28"], "requested": "2099-01-01"}
+
+
+def test_envelope_decodes_base64_header_values() -> None:
+    name = "résumé"
+    encoded = "=?base64?" + base64.b64encode(name.encode()).decode() + "?="
+    assert decode_header_value(encoded) == name
+    check_modern_request(
+        _call(name), headers_of(mcp_protocol_version="2026-07-28", mcp_method="tools/call", mcp_name=encoded)
+    )
+
+
+def test_task_methods_mirror_task_id_in_mcp_name() -> None:
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": "t1", "_meta": ENVELOPE}}
+    with pytest.raises(ProtocolError):
+        check_modern_request(message, headers_of(mcp_protocol_version="2026-07-28", mcp_method="tasks/get"))
+    check_modern_request(message, headers_of(mcp_protocol_version="2026-07-28", mcp_method="tasks/get", mcp_name="t1"))
+
+
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [("127.0.0.1:8765", True), ("localhost:1", True), ("[::1]:80", True), ("evil.com:8765", False), (None, False)],
+)
+def test_host_allow_list(host: str | None, ok: bool) -> None:
+    allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    if ok:
+        checks.check_host(host, allowed)
+    else:
+        with pytest.raises(ProtocolError) as info:
+            checks.check_host(host, allowed)
+        assert info.value.http_status == 421
+
+
+def test_origin_absent_passes_foreign_is_403() -> None:
+    allowed = ["http://localhost:*"]
+    checks.check_origin(None, allowed)
+    checks.check_origin("http://localhost:3000", allowed)
+    with pytest.raises(ProtocolError) as info:
+        checks.check_origin("http://localhost.evil.com:3000", allowed)
+    assert info.value.http_status == 403
+
+
+@pytest.mark.parametrize(
+    ("accept", "ok"),
+    [
+        ("application/json, text/event-stream", True),
+        ("*/*", True),
+        ("application/*, text/*", True),
+        ("application/json;q=0.9, text/event-stream", True),
+        ("application/json", False),
+        (None, False),
+    ],
+)
+def test_post_accept_rules(accept: str | None, ok: bool) -> None:
+    if ok:
+        checks.check_accept_post(accept)
+    else:
+        with pytest.raises(ProtocolError) as info:
+            checks.check_accept_post(accept)
+        assert info.value.http_status == 406
+
+
+def test_content_type_must_be_json() -> None:
+    checks.check_content_type("application/json; charset=utf-8")
+    for bad in ("text/plain", None, "application/jsonl"):
+        with pytest.raises(ProtocolError) as info:
+            checks.check_content_type(bad)
+        assert info.value.http_status == 415
