@@ -35,6 +35,8 @@ from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, Upstre
 
 log = logging.getLogger("gateway.upstream.stdio")
 
+SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
 _REQUEST_SCOPED = frozenset(
@@ -194,18 +196,24 @@ class StdioProcess:
             if route is not None:
                 await route.exchange.deliver({**message, "id": route.client_id})
             return
+        params = jsonrpc.params_of(message)
         if method == "notifications/progress":
-            params = jsonrpc.params_of(message)
             token = params.get("progressToken")
             route = self._routes.get(token) if isinstance(token, int) else None
             if route is not None:
                 await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
                 return
+        subscription = jsonrpc.meta_of(message).get(SUBSCRIPTION_ID_KEY)
+        route = self._routes.get(subscription) if isinstance(subscription, int) else None
+        if route is not None:
+            # A subscriptions/listen stream stamps every notification with the listen request's id.
+            meta = {**params["_meta"], SUBSCRIPTION_ID_KEY: route.client_id}
+            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}})
         elif method in _REQUEST_SCOPED and len(self._routes) == 1:
             (route,) = self._routes.values()
             await route.exchange.deliver(message)
-            return
-        await self._deliver_unsolicited(message)
+        else:
+            await self._deliver_unsolicited(message)
 
     async def _deliver_unsolicited(self, message: Message) -> None:
         if self.unsolicited is None:
