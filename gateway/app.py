@@ -12,10 +12,16 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.config import Config, parse_listen
-from gateway.edge.endpoint import McpEndpoint, json_response
+from gateway.edge.endpoint import McpEndpoint
+from gateway.edge.responder import json_response
+from gateway.edge.task_routes import TaskRoutes
+from gateway.events.capture import Capture
+from gateway.events.log import MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.protocol import jsonrpc
 from gateway.sessions import SessionRegistry
+from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.registry import TaskRegistry
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -72,13 +78,25 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.session_idle_timeout_s,
         config.server.exchange_capacity,
     )
-    endpoint = McpEndpoint(config.server, upstream, sessions, metrics)
+    event_log = MemoryEventLog(config.retention.max_events_per_task)
+    capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    registry = TaskRegistry(config.tasks, config.retention, event_log, capture)
+    hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
+    task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
+    endpoint = McpEndpoint(
+        config.server, upstream, sessions, task_routes, metrics, events_enabled=config.events.enabled
+    )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     ready = asyncio.Event()
 
     async def healthz(_: web.Request) -> web.Response:
         status = 200 if ready.is_set() else 503
-        body = {"status": "ok" if ready.is_set() else "starting", "version": __version__, "sessions": len(sessions)}
+        body = {
+            "status": "ok" if ready.is_set() else "starting",
+            "version": __version__,
+            "sessions": len(sessions),
+            "tasks": len(registry),
+        }
         return json_response(body, status)
 
     async def metrics_handler(_: web.Request) -> web.Response:
@@ -87,11 +105,15 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await upstream.start()
         sessions.start()
+        registry.start()
         ready.set()
         yield
         ready.clear()
+        await registry.stop()
+        await hosted.stop()
         await sessions.stop()
         await upstream.close()
+        await event_log.close()
 
     app.router.add_route("*", config.server.path, endpoint.handle)
     app.router.add_get("/healthz", healthz)

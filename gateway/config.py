@@ -92,6 +92,86 @@ class UpstreamConfig(_Section):
         return self
 
 
+class EventsConfig(_Section):
+    enabled: bool = True
+    prefix: str = "io.github.mcp-task-gateway"
+
+    @field_validator("prefix")
+    @classmethod
+    def _vendor_prefix(cls, value: str) -> str:
+        # SEP-2694 reserves unprefixed event types for MCP itself: insist on a dotted namespace.
+        labels = value.split(".")
+        if len(labels) < 2 or not all(labels) or not all(label.replace("-", "").isalnum() for label in labels):
+            raise ValueError("must be a vendor namespace of dot-separated labels, e.g. 'com.example.gateway'")
+        return value
+
+
+class RetentionConfig(_Section):
+    max_events_per_task: int = Field(default=10_000, gt=0)
+    max_event_age_s: float = Field(default=3600.0, gt=0)
+    terminal_retention_s: float = Field(default=600.0, ge=0)
+    max_payload_bytes: int = Field(default=65_536, gt=0)
+
+
+class CaptureRule(_Section):
+    """Turns a matching upstream notification into a task event (or drops it)."""
+
+    method: str
+    match: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    type: str | None = None
+    fields: list[str] | None = None
+    payload: Literal["params", "message"] = "params"
+    drop: bool = False
+
+    @model_validator(mode="after")
+    def _type_unless_drop(self) -> CaptureRule:
+        if self.drop and (self.type or self.fields):
+            raise ValueError("a rule with drop = true takes no 'type' or 'fields'")
+        if not self.drop and not self.type:
+            raise ValueError("'type' is required (the event type, appended to [events] prefix)")
+        if self.type is not None and (not all(self.type.split(".")) or " " in self.type):
+            raise ValueError(f"'type' {self.type!r} must be dot-separated labels without spaces")
+        return self
+
+
+def default_rules() -> list[CaptureRule]:
+    return [
+        CaptureRule(method="notifications/progress", type="progress", fields=["progress", "total", "message"]),
+        CaptureRule(method="notifications/message", type="log"),
+        CaptureRule(method="notifications/tasks/partial", type="partial"),
+        CaptureRule(method="notifications/tools/partial_result", type="partial_result"),
+        CaptureRule(method="notifications/tasks/status", type="upstream.status"),
+        CaptureRule(method="*", type="notification", payload="message"),
+    ]
+
+
+class ToolTaskPolicy(_Section):
+    """How tools whose name matches `match` (a glob) become tasks, per era."""
+
+    match: str = "*"
+    task_support: Literal["forbidden", "optional", "required"] = "optional"
+    modern: Literal["never", "always", "after_ms"] = "after_ms"
+    after_ms: int = Field(default=1000, ge=0)
+
+
+class TasksConfig(_Section):
+    tools: list[ToolTaskPolicy] = Field(default_factory=lambda: [ToolTaskPolicy()])
+    default_ttl_ms: int = Field(default=3_600_000, gt=0)
+    max_ttl_ms: int = Field(default=86_400_000, gt=0)
+    poll_interval_ms: int = Field(default=1000, gt=0)
+    max_tasks_per_owner: int = Field(default=1000, gt=0)
+    page_size: int = Field(default=50, gt=0)
+    max_streams_per_task: int = Field(default=1000, gt=0)
+    stream_write_timeout_s: float = Field(default=30.0, gt=0)
+    replay_batch: int = Field(default=256, gt=0)
+
+    @model_validator(mode="after")
+    def _ttl_order(self) -> TasksConfig:
+        if self.default_ttl_ms > self.max_ttl_ms:
+            raise ValueError("default_ttl_ms must not exceed max_ttl_ms")
+        return self
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "human"] = "auto"
@@ -100,6 +180,10 @@ class LoggingConfig(_Section):
 class Config(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 

@@ -30,6 +30,15 @@ class Session:
         self.last_seen = time.monotonic()
         self.open_streams = 0
         self.pending_server_requests: set[RequestId] = set()
+        self.upstream_has_tasks = False
+        """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
+        self.task_streams: set[str] = set()
+        """Tasks with an active tasks/stream on this session (SEP-2694 allows one per task)."""
+        self.local_requests: dict[RequestId, asyncio.Event] = {}
+        """Requests the gateway answers itself, by id, so notifications/cancelled can stop them."""
+        self.running_tasks = 0
+        """Hosted tasks running on this session's upstream channel: it stays open until they end."""
+        self._closing = False
         self._metrics = metrics
         self._capacity = capacity
         self.get_stream: Exchange | None = None
@@ -64,10 +73,23 @@ class Session:
             self.get_stream = None
 
     async def close(self) -> None:
+        """End the session; the upstream channel follows once no hosted task runs on it."""
         if self.get_stream is not None:
             self.get_stream.end()
             self.get_stream = None
-        await self.channel.close()
+        for stop in self.local_requests.values():
+            stop.set()
+        self._closing = True
+        if self.running_tasks == 0:
+            await self.channel.close()
+
+    def task_started(self) -> None:
+        self.running_tasks += 1
+
+    async def task_ended(self) -> None:
+        self.running_tasks -= 1
+        if self._closing and self.running_tasks == 0:
+            await self.channel.close()
 
 
 class SessionLimitReached(Exception):

@@ -1,46 +1,43 @@
-"""The MCP endpoint clients talk to: both eras on one path, routed per request.
+"""The MCP endpoint clients talk to: both eras on one path, each request classified once.
 
 A request whose `MCP-Protocol-Version` header is absent or a handshake version takes the legacy
 session path (initialize, Mcp-Session-Id, GET stream, DELETE); any other version takes the stateless
-2026-07-28 path. Every forwarded request becomes an Exchange upstream, relayed back as a single JSON
-body when its response comes first, else as an SSE stream written as the upstream produces it.
+2026-07-28 path. After the transport checks, a request goes one of three ways: `tasks/stream` (answered
+from the event log), a task method or task-augmented `tools/call` the gateway hosts because the
+upstream has no Tasks, or forwarded to the upstream and relayed back as it is produced.
 
-A dropped client connection cancels the upstream request in the modern era and only detaches it in
-the legacy era (there `notifications/cancelled` is the cancel). Handlers rely on aiohttp's
-`handler_cancellation` to learn of the disconnect.
+Handlers rely on aiohttp's `handler_cancellation` to learn that a client went away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
+from typing import Any
 
-import orjson
 from aiohttp import web
 
-from gateway import sse
 from gateway.config import ServerConfig
 from gateway.edge import checks
+from gateway.edge.relay import Transform, relay
+from gateway.edge.responder import Responder, json_response
+from gateway.edge.task_routes import Call, TaskRoutes
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import Era
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
 from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
 from gateway.sessions import Session, SessionLimitReached, SessionRegistry
-from gateway.upstream.base import Exchange, Upstream
+from gateway.tasks.hosted import TASKS_EXTENSION, Caller
+from gateway.tasks.registry import ANONYMOUS
+from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.upstream.stdio import UpstreamBusy
 
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
-_SSE_HEADERS = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache, no-transform",
-    "X-Accel-Buffering": "no",
-}
 
 
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -52,21 +49,33 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def json_response(message: Message, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(message), status=status, content_type="application/json", headers=headers)
-
-
-def error_response(error: ProtocolError) -> web.Response:
-    headers = {"Allow": "POST"} if error.http_status == 405 else None
-    return json_response(error.to_message(), error.http_status, headers)
+def error_response(error: ProtocolError, era: Era | None = None) -> web.Response:
+    """Transport errors keep their status; a method-level error (plain 400) takes the era's mapping."""
+    message = error.to_message()
+    status = error.http_status
+    if era is not None and status == 400:
+        status = era.status_for_response(message)
+    return json_response(message, status, {"Allow": "POST"} if status == 405 else None)
 
 
 class McpEndpoint:
-    def __init__(self, config: ServerConfig, upstream: Upstream, sessions: SessionRegistry, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        upstream: Upstream,
+        sessions: SessionRegistry,
+        task_routes: TaskRoutes,
+        metrics: Metrics,
+        *,
+        events_enabled: bool,
+    ) -> None:
         self._config = config
         self._upstream = upstream
         self._sessions = sessions
+        self._tasks = task_routes
         self._metrics = metrics
+        self._events_enabled = events_enabled
+        self._modern_upstream_tasks: bool | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -85,6 +94,7 @@ class McpEndpoint:
                 return await self._get_stream(request)
             return await self._delete(request)
         except ProtocolError as error:
+            self._metrics.requests.labels(method="-", outcome="rejected").inc()
             return error_response(error)
 
     # -- POST ------------------------------------------------------------------------------------
@@ -120,7 +130,8 @@ class McpEndpoint:
             return await self._initialize(request, message, headers)
         session = self._session_for(request)
         if kind is Kind.NOTIFICATION:
-            await session.channel.notify(message, headers)
+            if not self._cancel_local(session, message):
+                await session.channel.notify(message, headers)
             return web.Response(status=202)
         if kind is Kind.RESPONSE:
             if message["id"] not in session.pending_server_requests:
@@ -131,13 +142,23 @@ class McpEndpoint:
             session.pending_server_requests.discard(message["id"])
             await session.channel.respond(message, headers)
             return web.Response(status=202)
-        exchange = await session.channel.request(message, headers)
+        call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
         session.open_streams += 1
         try:
-            return await self._relay(request, exchange, Era.LEGACY, session)
+            return await self._dispatch(call, session.channel, hosting=not session.upstream_has_tasks)
         finally:
             session.open_streams -= 1
             session.touch()
+
+    def _cancel_local(self, session: Session, message: Message) -> bool:
+        """A notifications/cancelled for a request the gateway serves itself stops it there."""
+        if message.get("method") != "notifications/cancelled":
+            return False
+        stop = session.local_requests.get(jsonrpc.params_of(message).get("requestId"))  # type: ignore[arg-type]
+        if stop is None:
+            return False
+        stop.set()
+        return True
 
     async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
         try:
@@ -162,19 +183,21 @@ class McpEndpoint:
         except asyncio.CancelledError:
             await self._sessions.close(session.id)
             raise
-        final = messages[-1]
-        self._count(message["method"], final)
-        if "error" in final:
+        final = messages.pop()
+        self._metrics.requests.labels(method="initialize", outcome="error" if "error" in final else "ok").inc()
+        if "error" in final or not isinstance(final.get("result"), dict):
             await self._sessions.close(session.id)
             return json_response(final)
-        session_header = {SESSION_HEADER: session.id}
-        if len(messages) == 1:
-            return json_response(final, headers=session_header)
-        response = await self._open_sse(request, session_header)
-        await response.write(self._encode(messages))
-        await response.write_eof()
-        self._metrics.open_streams.dec()
-        return response
+        capabilities = final["result"].get("capabilities")
+        session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
+        final = {**final, "result": self._tasks.hosted.advertise_legacy(final["result"], session.upstream_has_tasks)}
+        responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
+        try:
+            if messages:
+                await responder.send(messages)
+            return await responder.finish(final, Era.LEGACY)
+        finally:
+            responder.close()
 
     async def _modern_post(
         self, request: web.Request, message: Message, kind: Kind, headers: dict[str, str]
@@ -193,79 +216,96 @@ class McpEndpoint:
                 http_status=404,
                 request_id=message["id"],
             )
+        call = Call(request, message, Era.MODERN, None, headers, Caller(ANONYMOUS, Era.MODERN))
         try:
-            async with self._upstream.stateless() as channel:
-                exchange = await channel.request(message, headers)
-                return await self._relay(request, exchange, Era.MODERN, None)
+            hosting = not await self._modern_upstream_has_tasks()
+            channel = await call.resources.enter_async_context(self._upstream.stateless())
         except UpstreamBusy as exc:
             raise ProtocolError(
                 jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
             ) from None
-
-    # -- relaying an exchange --------------------------------------------------------------------
-
-    async def _relay(
-        self, request: web.Request, exchange: Exchange, era: Era, session: Session | None
-    ) -> web.StreamResponse:
-        """Relay one exchange: JSON if the response is the first thing to arrive, else SSE."""
-        started = time.perf_counter()
-        response: web.StreamResponse | None = None
         try:
-            while (batch := await exchange.next_batch(self._config.keepalive_s)) is not None:
-                if session is not None:
-                    for message in batch:
-                        session.note_outgoing(message)
-                if response is None and len(batch) == 1 and jsonrpc.is_final(batch[0]):
-                    self._finish(exchange, batch[0], started)
-                    return json_response(batch[0], era.status_for_response(batch[0]))
-                if response is None:
-                    response = await self._open_sse(request)
-                await response.write(self._encode(batch) if batch else sse.encode_comment("keepalive"))
-                if batch and jsonrpc.is_final(batch[-1]):
-                    self._finish(exchange, batch[-1], started)
-            if response is None:  # the link ended the exchange without a response: never expected
-                raise ProtocolError(jsonrpc.INTERNAL_ERROR, "upstream ended without a response", http_status=502)
-            await response.write_eof()
-            return response
-        except (asyncio.CancelledError, ConnectionResetError):
-            await self._client_gone(exchange, era)
-            if response is None:
-                raise
-            return response
+            return await self._dispatch(call, channel, hosting=hosting)
         finally:
-            if response is not None:
-                self._metrics.open_streams.dec()
+            if not call.resources_kept:
+                await call.resources.aclose()
 
-    async def _client_gone(self, exchange: Exchange, era: Era) -> None:
-        if exchange.finished:
-            return
-        if era is Era.MODERN:
-            self._metrics.requests.labels(method=exchange.method, outcome="cancelled").inc()
-            await exchange.cancel()
-        else:
-            self._metrics.requests.labels(method=exchange.method, outcome="disconnected").inc()
-            exchange.detach()
+    # -- one classification per request ------------------------------------------------------------
 
-    def _finish(self, exchange: Exchange, final: Message, started: float) -> None:
-        self._metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
-        self._count(exchange.method, final)
+    async def _dispatch(self, call: Call, channel: UpstreamChannel, *, hosting: bool) -> web.StreamResponse:
+        try:
+            if call.method == "tasks/stream":
+                return await self._tasks.stream(call, self._events_enabled)
+            if hosting and self._tasks.serves(call):
+                return await self._tasks.task_method(call)
+            if hosting and call.method == "tools/call":
+                answer = (
+                    await self._tasks.legacy_tool_call(call, channel)
+                    if call.era is Era.LEGACY
+                    else await self._tasks.modern_tool_call(call, channel)
+                )
+                if answer is not None:
+                    return answer
+            return await self._forward(call, channel, self._transform_for(call, hosting))
+        except ProtocolError as error:
+            if error.request_id is None:
+                error.request_id = call.message["id"]
+            outcome = "events_gone" if error.code == -32010 else "error"
+            self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
+            return error_response(error, call.era)
 
-    def _count(self, method: str, final: Message) -> None:
-        self._metrics.requests.labels(method=method, outcome="error" if "error" in final else "ok").inc()
+    def _transform_for(self, call: Call, hosting: bool) -> Transform | None:
+        """Responses the gateway adds its own capabilities to."""
+        hosted = self._tasks.hosted
+        if call.method == "server/discover":
 
-    def _encode(self, batch: list[Message]) -> bytes:
-        for message in batch:
-            if "method" in message:
-                self._metrics.notifications_forwarded.labels(method=message["method"]).inc()
-        return b"".join(sse.encode_message(orjson.dumps(message)) for message in batch)
+            def discover(final: Message) -> Message:
+                result = final.get("result")
+                if not isinstance(result, dict):
+                    return final
+                self._modern_upstream_tasks = upstream_declares_tasks(result)
+                return {**final, "result": hosted.advertise_modern(result)}
 
-    async def _open_sse(
-        self, request: web.Request, extra_headers: Mapping[str, str] | None = None
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **(extra_headers or {})})
-        await response.prepare(request)
-        self._metrics.open_streams.inc()
-        return response
+            return discover
+        if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
+            return lambda final: (
+                {**final, "result": hosted.annotate_tools(final["result"])}
+                if isinstance(final.get("result"), dict)
+                else final
+            )
+        return None
+
+    async def _forward(self, call: Call, channel: UpstreamChannel, transform: Transform | None) -> web.StreamResponse:
+        exchange = await channel.request(call.message, call.headers)
+        responder = Responder(call.request, self._metrics)
+        return await relay(
+            exchange,
+            responder,
+            call.era,
+            self._metrics,
+            self._config.keepalive_s,
+            session=call.session,
+            transform=transform,
+        )
+
+    async def _modern_upstream_has_tasks(self) -> bool:
+        """Whether a 2026-07-28 upstream declares the tasks extension, probed once with server/discover."""
+        if self._modern_upstream_tasks is None:
+            probe = {
+                "jsonrpc": "2.0",
+                "id": "mcp-task-gateway-discover",
+                "method": "server/discover",
+                "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
+            }
+            probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
+            async with self._upstream.stateless() as channel:
+                exchange = await channel.request(probe, probe_headers)
+                async with asyncio.timeout(self._config.initialize_timeout_s):
+                    final = (await exchange.collect())[-1]
+            result = final.get("result")
+            # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
+            self._modern_upstream_tasks = isinstance(result, dict) and upstream_declares_tasks(result)
+        return self._modern_upstream_tasks
 
     # -- GET and DELETE (legacy only) -------------------------------------------------------------
 
@@ -294,23 +334,30 @@ class McpEndpoint:
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
         session.open_streams += 1
-        response = None
+        responder = Responder(request, self._metrics)
         try:
-            response = await self._open_sse(request)
+            await responder.keepalive()
             while (batch := await stream.next_batch(self._config.keepalive_s)) is not None:
-                await response.write(self._encode(batch) if batch else sse.encode_comment("keepalive"))
-            await response.write_eof()
+                await (responder.send(batch) if batch else responder.keepalive())
+            assert responder.stream is not None
+            await responder.stream.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):
-            if response is None:
+            if responder.stream is None:
                 raise
         finally:
             session.close_get_stream(stream)
             session.open_streams -= 1
-            if response is not None:
-                self._metrics.open_streams.dec()
-        return response
+            responder.close()
+        assert responder.stream is not None
+        return responder.stream
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
         session = self._session_for(request)
         await self._sessions.close(session.id)
         return web.Response(status=200)
+
+
+def upstream_declares_tasks(discover_result: dict[str, Any]) -> bool:
+    capabilities = discover_result.get("capabilities")
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions

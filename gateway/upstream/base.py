@@ -85,6 +85,7 @@ class Exchange:
         self._detached = True
         self._items.clear()
         self._writable.set()
+        self._readable.set()
 
     async def cancel(self) -> None:
         """Cancel the request upstream (the link decides how) and stop delivery."""
@@ -97,6 +98,8 @@ class Exchange:
 
     async def next_batch(self, wait_s: float | None = None) -> list[Message] | None:
         """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over."""
+        if self._detached:
+            return None
         if not self._items:
             if self._finished:
                 return None
@@ -106,7 +109,7 @@ class Exchange:
             except TimeoutError:
                 return []
             if not self._items:
-                return None if self._finished else []
+                return None if self._finished or self._detached else []
         batch = list(self._items)
         self._items.clear()
         self._writable.set()

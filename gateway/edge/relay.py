@@ -1,0 +1,110 @@
+"""Relaying one upstream exchange to one client response, and what a dropped client means per era.
+
+The relay writes each batch the moment it arrives. Two optional hooks serve the other paths: a
+`transform` of the final response (the gateway adds its capabilities to `initialize`,
+`server/discover` and `tools/list`), and a `Handoff` that turns a call still running at a deadline
+into a gateway-hosted task: the handoff answers the client and takes the exchange over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from gateway.edge.responder import Responder, SlowClient
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Message
+from gateway.sessions import Session
+from gateway.upstream.base import Exchange
+
+Transform = Callable[[Message], Message]
+
+
+@dataclass
+class Handoff:
+    """Turn the call into a task if it is still running at `deadline` (time.monotonic())."""
+
+    deadline: float
+    take_over: Callable[[list[Message]], Awaitable[Message]]
+    """Gets the notifications seen so far; creates the task, takes the exchange, returns the answer."""
+    forward: Callable[[Message], bool] = field(default=lambda message: True)
+    """Which notifications the client asked for and may see live before the handoff."""
+    observed: list[Message] = field(default_factory=list)
+    taken: bool = False
+
+
+async def relay(
+    exchange: Exchange,
+    responder: Responder,
+    era: Era,
+    metrics: Metrics,
+    keepalive_s: float,
+    *,
+    session: Session | None = None,
+    transform: Transform | None = None,
+    handoff: Handoff | None = None,
+) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        while True:
+            wait = keepalive_s
+            if handoff is not None:
+                wait = min(wait, max(0.0, handoff.deadline - time.monotonic()))
+            batch = await exchange.next_batch(wait)
+            if batch is None:  # every link ends an exchange with a response; this is a broken link
+                final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
+                return await responder.finish(final, era)
+            if batch and jsonrpc.is_final(batch[-1]):
+                final = batch.pop()
+                await _send(batch, responder, session, handoff)
+                metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
+                outcome = "error" if "error" in final else "ok"
+                metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
+                return await responder.finish(transform(final) if transform else final, era)
+            if batch:
+                await _send(batch, responder, session, handoff)
+            elif handoff is not None and time.monotonic() >= handoff.deadline:
+                handoff.taken = True
+                answer = await handoff.take_over(handoff.observed)
+                metrics.requests.labels(method=exchange.method, outcome="task").inc()
+                return await responder.finish(answer, era)
+            elif wait >= keepalive_s:
+                await responder.keepalive()
+    except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
+        if handoff is None or not handoff.taken:
+            await _client_gone(exchange, era, metrics)
+        response = responder.abandon()
+        if response is None or isinstance(exc, asyncio.CancelledError):
+            raise
+        return response
+    finally:
+        responder.close()
+
+
+async def _send(batch: list[Message], responder: Responder, session: Session | None, handoff: Handoff | None) -> None:
+    if session is not None:
+        for message in batch:
+            session.note_outgoing(message)
+    if handoff is not None:
+        handoff.observed.extend(batch)
+        batch = [message for message in batch if handoff.forward(message)]
+    if batch:
+        await responder.send(batch)
+
+
+async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics) -> None:
+    """Modern: a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
+    if exchange.finished:
+        return
+    if era is Era.MODERN:
+        metrics.requests.labels(method=exchange.method, outcome="cancelled").inc()
+        await exchange.cancel()
+    else:
+        metrics.requests.labels(method=exchange.method, outcome="disconnected").inc()
+        exchange.detach()

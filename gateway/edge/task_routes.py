@@ -1,0 +1,271 @@
+"""The HTTP side of gateway-served task methods: hosted tasks in both dialects, and tasks/stream.
+
+Which requests come here is decided once, in the endpoint. These handlers turn HostedTasks' answers
+into responses, keep a blocked `tasks/result` alive with keep-alives, and run the tasks/stream cursor
+against an SSE response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from gateway import sse
+from gateway.config import ServerConfig, TasksConfig
+from gateway.edge.relay import Handoff, relay
+from gateway.edge.responder import Responder, SlowClient
+from gateway.events.stream import parse_stream_params, plan_stream, run_stream
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.sessions import Session
+from gateway.tasks.hosted import (
+    LEGACY_TASK_METHODS,
+    LOG_LEVEL_KEY,
+    MODERN_TASK_METHODS,
+    Caller,
+    HostedTasks,
+    declares_tasks_extension,
+    missing_extension,
+    unknown_task,
+)
+from gateway.tasks.registry import Task
+from gateway.upstream.base import UpstreamChannel
+
+
+@dataclass
+class Call:
+    """One client request on its way through the gateway."""
+
+    request: web.Request
+    message: Message
+    era: Era
+    session: Session | None
+    headers: dict[str, str]
+    caller: Caller
+    resources: AsyncExitStack = field(default_factory=AsyncExitStack)
+    """What the request holds (a pooled upstream channel); a task that takes the call over keeps it."""
+    resources_kept: bool = False
+
+    def keep_resources(self) -> AsyncExitStack:
+        """Hand the request's resources to a background task; the endpoint will not release them."""
+        self.resources_kept = True
+        return self.resources
+
+    @property
+    def method(self) -> str:
+        method: str = self.message["method"]
+        return method
+
+
+class TaskRoutes:
+    def __init__(self, hosted: HostedTasks, server: ServerConfig, tasks: TasksConfig, metrics: Metrics) -> None:
+        self.hosted = hosted
+        self._server = server
+        self._tasks = tasks
+        self._metrics = metrics
+
+    def _responder(self, call: Call, *, write_timeout: bool = False) -> Responder:
+        timeout = self._tasks.stream_write_timeout_s if write_timeout else None
+        return Responder(call.request, self._metrics, write_timeout_s=timeout)
+
+    # -- hosted task methods ---------------------------------------------------------------------
+
+    def serves(self, call: Call) -> bool:
+        """Task methods the gateway answers for an upstream without Tasks."""
+        methods = (
+            LEGACY_TASK_METHODS if call.era is Era.LEGACY else MODERN_TASK_METHODS | {"tasks/result", "tasks/list"}
+        )
+        return call.method in methods
+
+    async def task_method(self, call: Call) -> web.StreamResponse:
+        if call.era is Era.MODERN:
+            if call.method not in MODERN_TASK_METHODS:
+                raise ProtocolError(
+                    jsonrpc.METHOD_NOT_FOUND,
+                    f"Method not found: {call.method} does not exist in the 2026-07-28 tasks extension",
+                    http_status=404,
+                    request_id=call.message["id"],
+                )
+            if not declares_tasks_extension(call.message):
+                raise missing_extension(call.message["id"])
+            answer = await self.hosted.modern_method(call.caller, call.message)
+            return await self._responder(call).finish(answer, call.era)
+        if call.method == "tasks/result":
+            return await self._blocking(call, self.hosted.legacy_result(call.caller, call.message))
+        answer = await self.hosted.legacy_method(call.caller, call.message)
+        return await self._responder(call).finish(answer, call.era)
+
+    async def _blocking(self, call: Call, answer: Awaitable[Message]) -> web.StreamResponse:
+        """Answer when `answer` is ready, with keep-alive comments meanwhile (tasks/result blocks)."""
+        responder = self._responder(call)
+        pending = asyncio.ensure_future(answer)
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=self._server.keepalive_s)
+                if done:
+                    return await responder.finish(pending.result(), call.era)
+                await responder.keepalive()
+        except (asyncio.CancelledError, ConnectionResetError):
+            pending.cancel()
+            if responder.abandon() is None:
+                raise
+            return responder.stream  # type: ignore[return-value]
+        finally:
+            responder.close()
+
+    # -- tools/call as a task --------------------------------------------------------------------
+
+    async def legacy_tool_call(self, call: Call, channel: UpstreamChannel) -> web.StreamResponse | None:
+        """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
+        params = jsonrpc.params_of(call.message)
+        policy = self.hosted.policy(params.get("name"))
+        wants_task = "task" in params
+        if (wants_task and policy.task_support == "forbidden") or (
+            not wants_task and policy.task_support == "required"
+        ):
+            need = "must not" if wants_task else "must"
+            raise ProtocolError(
+                jsonrpc.METHOD_NOT_FOUND,
+                f"Method not found: tool {params.get('name')!r} {need} be called as a task (execution.taskSupport)",
+                http_status=200,
+                request_id=call.message["id"],
+            )
+        if not wants_task:
+            return None
+        session = call.session
+        assert session is not None
+        # The session's upstream channel must outlive the session while the task runs on it.
+        resources = call.keep_resources()
+        session.task_started()
+        resources.push_async_callback(session.task_ended)
+
+        async def notify_status(task: Task) -> None:
+            status = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.legacy_view()}
+            await session.deliver_unsolicited(status)
+
+        answer = await self.hosted.start_legacy(call.caller, channel, call.message, resources, notify_status)
+        return await self._responder(call).finish(answer, call.era)
+
+    async def modern_tool_call(self, call: Call, channel: UpstreamChannel) -> web.StreamResponse | None:
+        """tools/call from a client that declared the tasks extension: maybe a task, per the tool policy."""
+        params = jsonrpc.params_of(call.message)
+        policy = self.hosted.policy(params.get("name"))
+        if policy.modern == "never" or not declares_tasks_extension(call.message):
+            return None
+        after_s = 0.0 if policy.modern == "always" else policy.after_ms / 1000
+        meta = jsonrpc.meta_of(call.message)
+        client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
+        exchange = await channel.request(self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
+
+        async def take_over(observed: list[Message]) -> Message:
+            task = await self.hosted.create(call.caller, call.message)
+            capture = self.hosted.registry.capture
+            events = [event for message in observed if (event := capture.from_notification(message)) is not None]
+            if events:
+                await self.hosted.registry.record(task, *events)
+            self.hosted.run(task, call.caller, exchange, call.keep_resources())
+            return self.hosted.modern_created(task, call.message["id"])
+
+        def client_asked(message: Message) -> bool:
+            method = message.get("method")
+            return (method != "notifications/progress" or client_progress) and (
+                method != "notifications/message" or client_logs
+            )
+
+        handoff = Handoff(time.monotonic() + after_s, take_over, client_asked)
+        return await relay(
+            exchange, self._responder(call), call.era, self._metrics, self._server.keepalive_s, handoff=handoff
+        )
+
+    # -- tasks/stream ----------------------------------------------------------------------------
+
+    async def stream(self, call: Call, events_enabled: bool) -> web.StreamResponse:
+        request_id = call.message["id"]
+        if not events_enabled:
+            raise ProtocolError(
+                jsonrpc.METHOD_NOT_FOUND,
+                "Method not found: task event streams are disabled on this gateway",
+                http_status=404 if call.era is Era.MODERN else 200,
+                request_id=request_id,
+            )
+        if call.era is Era.MODERN and not declares_tasks_extension(call.message):
+            raise missing_extension(request_id)
+        try:
+            task_id, after = parse_stream_params(call.message)
+            task = self.hosted.registry.get(call.caller.owner, task_id)
+            if task is None:
+                raise unknown_task(request_id)
+            bounds = await self.hosted.registry.bounds(task)
+            start = plan_stream(task.id, after, bounds, task.done.is_set())
+        except ProtocolError as error:
+            error.request_id = request_id
+            raise
+        if start.first_seq is None:
+            return await self._responder(call).finish(
+                {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}, call.era
+            )
+        session = call.session
+        if session is not None:
+            if task.id in session.task_streams:
+                raise ProtocolError(
+                    jsonrpc.INVALID_PARAMS,
+                    "Invalid params: a tasks/stream for this task is already active on this session; cancel it first",
+                    request_id=request_id,
+                )
+            session.task_streams.add(task.id)
+        stop = asyncio.Event()
+        if session is not None:
+            session.local_requests[request_id] = stop
+        try:
+            return await self._run_stream(call, task, start.first_seq, stop)
+        finally:
+            if session is not None:
+                session.task_streams.discard(task.id)
+                session.local_requests.pop(request_id, None)
+
+    async def _run_stream(self, call: Call, task: Task, first_seq: int, stop: asyncio.Event) -> web.StreamResponse:
+        responder = self._responder(call, write_timeout=True)
+        request_id = call.message["id"]
+        token = jsonrpc.meta_of(call.message).get("progressToken")
+
+        async def progress(delivered: int) -> None:
+            # Progress on the stream request's own token: request-local UX, never a task event (no seq).
+            note = {"progressToken": token, "progress": delivered, "message": f"{delivered} events delivered"}
+            await responder.send([{"jsonrpc": "2.0", "method": "notifications/progress", "params": note}])
+
+        try:
+            await responder.write(sse.encode_comment("stream"))
+            outcome = await run_stream(
+                self.hosted.registry.log,
+                task.id,
+                first_seq,
+                task.done,
+                responder.write,
+                stop=stop,
+                keepalive_s=self._server.keepalive_s,
+                batch=self._tasks.replay_batch,
+                on_batch=progress if token is not None else None,
+            )
+            if stop.is_set():
+                final = jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")
+            elif isinstance(outcome, ProtocolError):
+                outcome.request_id = request_id
+                final = outcome.to_message()
+            else:
+                final = {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}
+            return await responder.finish(final, call.era)
+        except (asyncio.CancelledError, ConnectionResetError, SlowClient):
+            # The stream's client is gone (or too slow): delivery stops, the task carries on.
+            response = responder.abandon()
+            if response is None:
+                raise
+            return response
+        finally:
+            responder.close()

@@ -1,0 +1,158 @@
+"""The tasks/stream cursor: validating the request, deciding replay-or-events_gone, and one loop that
+serves the replay and the live tail alike (so nothing is lost or doubled at the handover).
+
+A stream holds only (task, next seq). It reads the log at its own pace and sleeps on the log's wake-up
+when it is caught up; a slow client costs a blocked write, never a growing buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway import sse
+from gateway.events.capture import RELATED_TASK_KEY
+from gateway.events.log import EventLog, LogBounds, StoredEvent
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import Message, ProtocolError
+
+EVENTS_GONE = -32010
+EVENTS_GONE_MESSAGE = "Task events are no longer available"
+
+
+def parse_stream_params(message: Message) -> tuple[str, int | None]:
+    """`taskId` and `after` of a tasks/stream request, or ProtocolError -32602 saying what is wrong."""
+    params = jsonrpc.params_of(message)
+    request_id = message.get("id")
+    task_id = params.get("taskId")
+    if not isinstance(task_id, str):
+        raise ProtocolError(jsonrpc.INVALID_PARAMS, "Invalid params: taskId must be a string", request_id=request_id)
+    if "after" not in params:
+        return task_id, None
+    after = params["after"]
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ProtocolError(
+            jsonrpc.INVALID_PARAMS,
+            f"Invalid params: after must be a non-negative integer sequence number, got {orjson.dumps(after).decode()}",
+            request_id=request_id,
+        )
+    return task_id, after
+
+
+def events_gone(task_id: str, earliest_seq: int, request_id: Any = None) -> ProtocolError:
+    return ProtocolError(
+        EVENTS_GONE,
+        EVENTS_GONE_MESSAGE,
+        data={"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
+        http_status=200,
+        request_id=request_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """Where a stream starts: the first seq to deliver, or None to return the empty result at once."""
+
+    first_seq: int | None
+
+
+def plan_stream(task_id: str, after: int | None, bounds: LogBounds, terminal: bool) -> StreamStart:
+    """SEP-2694's replay-or-events_gone decision, given the log's bounds. Raises ProtocolError."""
+    next_seq = bounds.next_seq
+    if after is None:
+        if bounds.earliest is None:
+            return StreamStart(None if terminal else next_seq)
+        return StreamStart(bounds.earliest)
+    if after >= next_seq:
+        last = "it has no events yet" if next_seq == 0 else f"its last event is seq {next_seq - 1}"
+        raise ProtocolError(
+            jsonrpc.INVALID_PARAMS, f"Invalid params: after={after} is beyond the task's events ({last})"
+        )
+    if after == next_seq - 1:
+        return StreamStart(None if terminal else next_seq)
+    retained_from = bounds.earliest if bounds.earliest is not None else next_seq
+    if after + 1 < retained_from:
+        raise events_gone(task_id, retained_from)
+    return StreamStart(after + 1)
+
+
+class EventFrames:
+    """Builds `notifications/tasks/event` SSE frames for one task from stored event bodies."""
+
+    def __init__(self, task_id: str) -> None:
+        quoted = orjson.dumps(task_id)
+        self._head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+        self._middle = b',"taskId":' + quoted + b","
+        self._tail = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}}}}"
+
+    def message(self, event: StoredEvent) -> bytes:
+        return self._head + str(event.seq).encode() + self._middle + event.body + self._tail
+
+    def frames(self, events: list[StoredEvent]) -> bytes:
+        return b"".join(sse.encode_message(self.message(event)) for event in events)
+
+
+Write = Callable[[bytes], Awaitable[None]]
+
+
+async def run_stream(
+    log: EventLog,
+    task_id: str,
+    first_seq: int,
+    sealed: asyncio.Event,
+    write: Write,
+    *,
+    stop: asyncio.Event,
+    keepalive_s: float,
+    batch: int,
+    on_batch: Callable[[int], Awaitable[None]] | None = None,
+) -> Message | ProtocolError | None:
+    """Deliver events from `first_seq` on, replay then live, in one loop.
+
+    `sealed` is set once the task is terminal and its last event is in the log. Returns None when
+    everything up to there was delivered (the caller sends the empty result) or as soon as `stop` is
+    set by a cancellation, and an events_gone ProtocolError when retention overtook the cursor.
+    """
+    frames = EventFrames(task_id)
+    cursor = first_seq
+    delivered = 0
+    while not stop.is_set():
+        events = await log.read(task_id, cursor - 1, batch)
+        if events:
+            if events[0].seq != cursor:
+                return events_gone(task_id, events[0].seq)
+            await write(frames.frames(events))
+            cursor = events[-1].seq + 1
+            delivered += len(events)
+            if on_batch is not None:
+                await on_batch(delivered)
+            continue
+        bounds = await log.bounds(task_id)
+        if bounds is None:
+            return None
+        if bounds.earliest is not None and bounds.earliest > cursor:
+            return events_gone(task_id, bounds.earliest)
+        if sealed.is_set() and cursor >= bounds.next_seq:
+            return None
+        if not await _wait(log, task_id, cursor - 1, keepalive_s, (stop, sealed)):
+            if stop.is_set():
+                return None
+            if not sealed.is_set():
+                await write(sse.encode_comment("keepalive"))
+    return None
+
+
+async def _wait(log: EventLog, task_id: str, after: int, timeout: float, signals: tuple[asyncio.Event, ...]) -> bool:
+    """Wait for the log to grow past `after`, for one of `signals`, or for the keepalive interval."""
+    grow = asyncio.ensure_future(log.wait(task_id, after, timeout))
+    others = [asyncio.ensure_future(signal.wait()) for signal in signals]
+    try:
+        done, _ = await asyncio.wait({grow, *others}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in (grow, *others):
+            future.cancel()
+    return grow in done and grow.result()

@@ -1,0 +1,238 @@
+"""The task registry: every task the gateway knows, its owner, status and outcome, and its lifetime.
+
+A task belongs to the caller that created it (`owner`), never to a transport session, so any later
+session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
+that it exists. Status changes go through `set_status`, which records the lifecycle event in the
+task's log before anyone can observe the new status. Tasks are dropped when their TTL runs out; their
+event logs `terminal_retention_s` after they end (whichever comes first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.config import RetentionConfig, TasksConfig
+from gateway.events.capture import Capture, TaskEvent
+from gateway.events.log import EventLog, LogBounds
+from gateway.protocol.jsonrpc import Message
+
+log = logging.getLogger("gateway.tasks")
+
+ANONYMOUS = "anonymous"
+"""The caller until authentication exists: every task carries an owner so auth only fills it in."""
+
+
+class TaskStatus(enum.StrEnum):
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+StatusListener = Callable[["Task"], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Task:
+    id: str
+    owner: str
+    tool: str
+    ttl_ms: int
+    poll_interval_ms: int
+    status: TaskStatus = TaskStatus.WORKING
+    status_message: str | None = None
+    created_at: str = field(default_factory=iso_now)
+    last_updated_at: str = ""
+    outcome: Message | None = None
+    """The upstream's final JSON-RPC message for the call (a result or an error), once terminal."""
+    expires_at: float = 0.0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel: Callable[[], Awaitable[None]] | None = None
+    on_status: StatusListener | None = None
+    deleted_log_next_seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.last_updated_at = self.last_updated_at or self.created_at
+        self.expires_at = time.monotonic() + self.ttl_ms / 1000
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+    def legacy_view(self) -> dict[str, Any]:
+        """The 2025-11-25 (SEP-1686) Task object."""
+        view: dict[str, Any] = {
+            "taskId": self.id,
+            "status": self.status.value,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": self.last_updated_at,
+            "ttl": self.ttl_ms,
+            "pollInterval": self.poll_interval_ms,
+        }
+        if self.status_message is not None:
+            view["statusMessage"] = self.status_message
+        return view
+
+    def modern_view(self) -> dict[str, Any]:
+        """The 2026-07-28 (SEP-2663) DetailedTask: the outcome inlined once terminal."""
+        view: dict[str, Any] = {
+            "taskId": self.id,
+            "status": self.status.value,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": self.last_updated_at,
+            "ttlMs": self.ttl_ms,
+            "pollIntervalMs": self.poll_interval_ms,
+        }
+        if self.status_message is not None:
+            view["statusMessage"] = self.status_message
+        if self.outcome is not None and self.status is TaskStatus.COMPLETED and "result" in self.outcome:
+            view["result"] = self.outcome["result"]
+        if self.outcome is not None and self.status is TaskStatus.FAILED and "error" in self.outcome:
+            view["error"] = self.outcome["error"]
+        return view
+
+
+class TaskLimitReached(Exception):
+    pass
+
+
+class TaskRegistry:
+    def __init__(self, config: TasksConfig, retention: RetentionConfig, event_log: EventLog, capture: Capture):
+        self._config = config
+        self._retention = retention
+        self.log = event_log
+        self.capture = capture
+        self._tasks: dict[str, Task] = {}
+        self._log_expiry: dict[str, float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def create(self, owner: str, tool: str, requested_ttl_ms: object, **created: Any) -> Task:
+        if sum(1 for task in self._tasks.values() if task.owner == owner) >= self._config.max_tasks_per_owner:
+            raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks")
+        ttl = self._config.default_ttl_ms
+        if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
+            ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
+        task = Task(secrets.token_hex(16), owner, tool, ttl, self._config.poll_interval_ms)
+        self._tasks[task.id] = task
+        await self.log.create(task.id)
+        await self.record(task, self.capture.lifecycle("task.created", tool=tool, status=task.status.value, **created))
+        return task
+
+    def get(self, owner: str, task_id: object) -> Task | None:
+        """The caller's task, or None: unknown and foreign ids look the same."""
+        task = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        return task if task is not None and task.owner == owner else None
+
+    async def bounds(self, task: Task) -> LogBounds:
+        """The task's log bounds; after retention deleted the log, empty but still counting."""
+        bounds = await self.log.bounds(task.id)
+        return bounds if bounds is not None else LogBounds(None, task.deleted_log_next_seq)
+
+    def owned_by(self, owner: str) -> list[Task]:
+        return [task for task in self._tasks.values() if task.owner == owner]
+
+    async def record(self, task: Task, *events: TaskEvent) -> None:
+        await self.log.append(task.id, [self.capture.encode(event) for event in events])
+
+    async def set_status(
+        self, task: Task, status: TaskStatus, message: str | None = None, *, outcome: Message | None = None
+    ) -> bool:
+        """Move a task to `status`; False when it is already terminal (terminal states never change)."""
+        if task.terminal:
+            return False
+        task.status = status
+        task.status_message = message
+        task.last_updated_at = iso_now()
+        events = [self.capture.lifecycle("task.status", status=status.value, statusMessage=message)]
+        if status.terminal:
+            task.outcome = outcome
+            events.append(self.capture.lifecycle("task.terminal", **summarize(status, outcome)))
+            self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
+        # Status first, then the events: a stream that wakes on the append already sees it terminal.
+        await self.record(task, *events)
+        if status.terminal:
+            task.done.set()
+        if task.on_status is not None:
+            await task.on_status(task)
+        return True
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep(), name="task-sweeper")
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self.sweep_once()
+
+    async def sweep_once(self) -> None:
+        now = time.monotonic()
+        await self.log.trim_older_than(time.time() - self._retention.max_event_age_s)
+        for task_id, at in list(self._log_expiry.items()):
+            if at <= now:
+                del self._log_expiry[task_id]
+                await self._delete_log(task_id)
+        for task in [task for task in self._tasks.values() if task.expires_at <= now]:
+            del self._tasks[task.id]
+            self._log_expiry.pop(task.id, None)
+            if task.cancel is not None and not task.terminal:
+                await task.cancel()
+            await self.log.delete(task.id)
+            log.info("task expired", extra={"task": task.id})
+
+    async def _delete_log(self, task_id: str) -> None:
+        task = self._tasks.get(task_id)
+        bounds = await self.log.bounds(task_id)
+        if task is not None and bounds is not None:
+            task.deleted_log_next_seq = bounds.next_seq
+        await self.log.delete(task_id)
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+
+def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:
+    """The terminal event's payload: the outcome's shape, not its (possibly large) content."""
+    summary: dict[str, Any] = {"status": status.value}
+    if outcome is None:
+        return summary
+    error = outcome.get("error")
+    if isinstance(error, dict):
+        summary["error"] = {"code": error.get("code"), "message": error.get("message")}
+        return summary
+    result = outcome.get("result")
+    if isinstance(result, dict):
+        summary["isError"] = bool(result.get("isError", False))
+        content = result.get("content")
+        if isinstance(content, list):
+            summary["content"] = [
+                {"type": block.get("type"), "bytes": len(str(block.get("text", block.get("data", ""))))}
+                for block in content
+                if isinstance(block, dict)
+            ]
+        if "structuredContent" in result:
+            summary["structuredContent"] = True
+    return summary
