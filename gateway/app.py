@@ -30,6 +30,9 @@ log = logging.getLogger("gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+REGISTRY = web.AppKey("registry", TaskRegistry)
+"""The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
+
 
 def build_upstream(config: Config, metrics: Metrics) -> Upstream:
     upstream = config.upstream
@@ -87,6 +90,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server, upstream, sessions, task_routes, metrics, events_enabled=config.events.enabled
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
+    app[REGISTRY] = registry
     ready = asyncio.Event()
 
     async def healthz(_: web.Request) -> web.Response:

@@ -130,6 +130,9 @@ async def run_stream(
             delivered += len(events)
             if on_batch is not None:
                 await on_batch(delivered)
+            # A replay can run far ahead of a fast client without the socket ever pushing back; yield
+            # so one long replay never starves the other streams on the loop.
+            await asyncio.sleep(0)
             continue
         bounds = await log.bounds(task_id)
         if bounds is None:
