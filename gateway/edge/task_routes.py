@@ -211,6 +211,13 @@ class TaskRoutes:
             return await self._responder(call).finish(
                 {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}, call.era
             )
+        if task.open_streams >= self._tasks.max_streams_per_task:
+            raise ProtocolError(
+                jsonrpc.INTERNAL_ERROR,
+                f"Service Unavailable: the task already has {task.open_streams} streams (max_streams_per_task)",
+                http_status=503,
+                request_id=request_id,
+            )
         session = call.session
         if session is not None:
             if task.id in session.task_streams:
@@ -223,9 +230,11 @@ class TaskRoutes:
         stop = asyncio.Event()
         if session is not None:
             session.local_requests[request_id] = stop
+        task.open_streams += 1
         try:
             return await self._run_stream(call, task, start.first_seq, stop)
         finally:
+            task.open_streams -= 1
             if session is not None:
                 session.task_streams.discard(task.id)
                 session.local_requests.pop(request_id, None)

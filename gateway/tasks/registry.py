@@ -68,6 +68,7 @@ class Task:
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
     deleted_log_next_seq: int = 0
+    open_streams: int = 0
 
     def __post_init__(self) -> None:
         self.last_updated_at = self.last_updated_at or self.created_at
@@ -164,7 +165,8 @@ class TaskRegistry:
         task.status = status
         task.status_message = message
         task.last_updated_at = iso_now()
-        events = [self.capture.lifecycle("task.status", status=status.value, statusMessage=message)]
+        detail = {"statusMessage": message} if message is not None else {}
+        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         if status.terminal:
             task.outcome = outcome
             events.append(self.capture.lifecycle("task.terminal", **summarize(status, outcome)))

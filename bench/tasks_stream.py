@@ -1,0 +1,314 @@
+"""Benchmarks of tasks/stream (SEP-2694) served by the gateway: replay, resume cost, live fan-out.
+
+    python bench/tasks_stream.py replay  [--events 100000]
+    python bench/tasks_stream.py resume  [--events 1000000]
+    python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4]
+
+replay and fanout run the real gateway as a subprocess in front of the example server (stdio) and
+read with raw aiohttp clients; resume fills an in-process gateway's log directly (a million events
+through an upstream would take minutes) and times the HTTP round trip to the first event. Each
+prints a markdown table; medians unless stated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.app import REGISTRY, build_app  # noqa: E402
+from gateway.config import Config  # noqa: E402
+
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+FRAME = re.compile(rb'"seq":(\d+)')
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}"
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(config_text: str) -> AsyncIterator[tuple[str, int]]:
+    """The real gateway in front of the stdio example server; yields (url, pid)."""
+    port = free_port()
+    config = ROOT / f".bench-{port}.toml"
+    config.write_text(config_text)
+    upstream = f"{sys.executable} {ROOT / 'examples' / 'build_server.py'}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", "--config", str(config),
+        "--listen", f"127.0.0.1:{port}", "--upstream-cmd", upstream,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(30):
+            while b"/mcp" not in await proc.stdout.readline():
+                pass
+        yield f"http://127.0.0.1:{port}/mcp", proc.pid
+    finally:
+        config.unlink(missing_ok=True)
+        proc.terminate()
+        await proc.wait()
+
+
+async def open_session(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
+    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+    async with http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}) as response:
+        await response.read()
+        headers = {**HEADERS, "Mcp-Session-Id": response.headers["Mcp-Session-Id"]}
+    async with http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers):
+        pass
+    return headers
+
+
+async def call(http: aiohttp.ClientSession, url: str, headers: dict[str, str], method: str, params: Any) -> Any:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    async with http.post(url, json=body, headers=headers) as response:
+        raw = await response.read()
+    if response.content_type == "text/event-stream":
+        raw = raw.strip().rsplit(b"data: ", 1)[1]
+    return orjson.loads(raw)
+
+
+async def start_task(http: aiohttp.ClientSession, url: str, headers: dict[str, str], tool: str, args: Any) -> str:
+    created = await call(http, url, headers, "tools/call", {"name": tool, "arguments": args, "task": {}})
+    task_id: str = created["result"]["task"]["taskId"]
+    return task_id
+
+
+async def stream_count(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], task_id: str, after: int | None = None
+) -> tuple[int, int, float, float]:
+    """Read one tasks/stream to its end: (events, last seq, seconds to first event, seconds in all)."""
+    params: dict[str, Any] = {"taskId": task_id}
+    if after is not None:
+        params["after"] = after
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tasks/stream", "params": params}
+    started = time.perf_counter()
+    first = 0.0
+    count, last, tail = 0, -1, b""
+    async with http.post(url, json=body, headers=headers) as response:
+        async for chunk in response.content.iter_any():
+            data = tail + chunk
+            cut = data.rfind(b"\n\n") + 2
+            complete, tail = data[:cut], data[cut:]
+            seqs = FRAME.findall(complete)
+            if seqs:
+                if not count:
+                    first = time.perf_counter() - started
+                count += len(seqs)
+                last = int(seqs[-1])
+    return count, last, first, time.perf_counter() - started
+
+
+async def bench_replay(events: int) -> None:
+    config = f"[retention]\nmax_events_per_task = {events + 100}\n"
+    async with gateway_process(config) as (url, pid), aiohttp.ClientSession(headers=HEADERS) as http:
+        headers = await open_session(http, url)
+        task_id = await start_task(http, url, headers, "burst", {"n": events})
+        produced = time.perf_counter()
+        await call(http, url, headers, "tasks/result", {"taskId": task_id})
+        produced = time.perf_counter() - produced
+        runs = []
+        for _ in range(3):
+            count, last, _, seconds = await stream_count(http, url, headers, task_id)
+            runs.append((count, last, seconds))
+        print(f"\n## Replay of a finished task ({machine()})\n")
+        print("| run | events delivered | last seq | seconds | events/s at the client |")
+        print("|---|---|---|---|---|")
+        for i, (count, last, seconds) in enumerate(runs, 1):
+            print(f"| {i} | {count} | {last} | {seconds:.3f} | {count / seconds:,.0f} |")
+        median = statistics.median(count / seconds for count, _, seconds in runs)
+        print(f"\nmedian {median:,.0f} events/s (target ≥ 200,000/s); recording the {events} events through the")
+        print(f"upstream took {produced:.1f} s; gateway RSS {rss_kib(pid) / 1024:.0f} MiB")
+
+
+async def bench_resume(events: int) -> None:
+    upstream = {"command": [sys.executable, str(ROOT / "examples" / "build_server.py")], "stdio": {"idle_processes": 0}}
+    app = build_app(Config.model_validate({"retention": {"max_events_per_task": events}, "upstream": upstream}))
+    runner = aiohttp.web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    port = free_port()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        registry = app[REGISTRY]
+        task = await registry.create("anonymous", "bench", None)
+        body = b'"type":"io.github.mcp-task-gateway.progress","payload":{"progress":1,"total":2,"message":"m"}'
+        started = time.perf_counter()
+        for _ in range(events // 10_000):
+            await registry.log.append(task.id, [body] * 10_000)
+        fill = time.perf_counter() - started
+        bounds = await registry.bounds(task)
+        async with aiohttp.ClientSession(headers=HEADERS) as http:
+            headers = await open_session(http, url)
+            results: dict[str, list[float]] = {"baseline": [], "tail": [], "start": []}
+            for _ in range(30):
+                started = time.perf_counter()
+                await call(http, url, headers, "tasks/get", {"taskId": task.id})
+                results["baseline"].append((time.perf_counter() - started) * 1000)
+            # One resume point at a time: an abandoned replay of a million events would share the loop.
+            for name, after in (("tail", bounds.next_seq - 2), ("start", None)):
+                for _ in range(30):
+                    results[name].append(await first_event_seconds(http, url, headers, task.id, after) * 1000)
+                    await asyncio.sleep(0.05)
+        print(f"\n## Resume cost on a {bounds.next_seq:,}-event log ({machine()})\n")
+        print("| request | median ms to first event (or response) | p90 ms |")
+        print("|---|---|---|")
+        labels = (
+            ("baseline", "tasks/get round trip (HTTP baseline)"),
+            ("tail", f"tasks/stream after={bounds.next_seq - 2} (the tail)"),
+            ("start", "tasks/stream without after (the start)"),
+        )
+        for name, label in labels:
+            values = sorted(results[name])
+            print(f"| {label} | {statistics.median(values):.2f} | {values[int(len(values) * 0.9)]:.2f} |")
+        print(f"\n(log filled in-process in {fill:.1f} s; client and gateway share one event loop)")
+    finally:
+        await runner.cleanup()
+
+
+async def first_event_seconds(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], task_id: str, after: int | None
+) -> float:
+    params: dict[str, Any] = {"taskId": task_id} if after is None else {"taskId": task_id, "after": after}
+    body = {"jsonrpc": "2.0", "id": 3, "method": "tasks/stream", "params": params}
+    started = time.perf_counter()
+    async with http.post(url, json=body, headers=headers) as response:
+        async for chunk in response.content.iter_any():
+            if b'"seq":' in chunk:
+                return time.perf_counter() - started
+    raise RuntimeError("stream ended without an event")
+
+
+def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
+    """One client process holding `streams` streams; reports per-event delivery latencies."""
+
+    async def one(http: aiohttp.ClientSession, headers: dict[str, str]) -> tuple[int, int, list[float]]:
+        body = {"jsonrpc": "2.0", "id": 4, "method": "tasks/stream", "params": {"taskId": task_id}}
+        latencies: list[float] = []
+        count, last, tail = 0, -1, b""
+        async with http.post(url, json=body, headers=headers) as response:
+            async for chunk in response.content.iter_any():
+                now = time.time()
+                data = tail + chunk
+                cut = data.rfind(b"\n\n") + 2
+                complete, tail = data[:cut], data[cut:]
+                for frame in complete.split(b"\n\n"):
+                    stamp = STAMP.search(frame)
+                    if stamp:
+                        latencies.append(now - float(stamp.group(1)))
+                    seq = FRAME.search(frame)
+                    if seq:
+                        count += 1
+                        last = int(seq.group(1))
+        return count, last, latencies
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(
+            headers=HEADERS, connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        ) as http:
+            headers = await open_session(http, url)
+            results = await asyncio.gather(*(one(http, headers) for _ in range(streams)))
+        out.put([(count, last, sorted(lat)[:: max(1, len(lat) // 2000)]) for count, last, lat in results])
+
+    asyncio.run(main())
+
+
+STAMP = re.compile(rb'"message":"t=([0-9.]+)"')
+
+
+async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) -> None:
+    config = f"[retention]\nmax_events_per_task = {int(rate * seconds) + 1000}\n"
+    async with gateway_process(config) as (url, pid), aiohttp.ClientSession(headers=HEADERS) as http:
+        headers = await open_session(http, url)
+        task_id = await start_task(http, url, headers, "ticker", {"rate": rate, "seconds": seconds})
+        queue: Any = multiprocessing.Queue()
+        per_client = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
+        procs = [multiprocessing.Process(target=fanout_client, args=(url, task_id, n, queue)) for n in per_client]
+        peak = 0
+        for proc in procs:
+            proc.start()
+        results: list[tuple[int, int, list[float]]] = []
+        while len(results) < streams:
+            with contextlib.suppress(Exception):
+                results.extend(await asyncio.to_thread(queue.get, True, 1.0))
+            peak = max(peak, rss_kib(pid))
+        for proc in procs:
+            proc.join()
+        final = await call(http, url, headers, "tasks/get", {"taskId": task_id})
+        expected = max(last for _, last, _ in results) + 1
+        complete = sum(1 for count, last, _ in results if count == expected and last == expected - 1)
+        latencies = sorted(value for _, _, lat in results for value in lat)
+        p50 = latencies[len(latencies) // 2] * 1000
+        p99 = latencies[int(len(latencies) * 0.99)] * 1000
+        print(f"\n## Live fan-out ({machine()})\n")
+        print(
+            "| streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms | gateway peak RSS |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        print(
+            f"| {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} | {p50:.1f} | {p99:.1f} "
+            f"| {peak / 1024:.0f} MiB |"
+        )
+        print(f"\ntask status {final['result']['status']}; latency = client receive time - the tool's timestamp")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="bench", required=True)
+    sub.add_parser("replay").add_argument("--events", type=int, default=100_000)
+    sub.add_parser("resume").add_argument("--events", type=int, default=1_000_000)
+    fan = sub.add_parser("fanout")
+    fan.add_argument("--streams", type=int, default=500)
+    fan.add_argument("--rate", type=float, default=1000)
+    fan.add_argument("--seconds", type=float, default=30)
+    fan.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+    if args.bench == "replay":
+        asyncio.run(bench_replay(args.events))
+    elif args.bench == "resume":
+        asyncio.run(bench_resume(args.events))
+    else:
+        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients))
+
+
+if __name__ == "__main__":
+    main()
