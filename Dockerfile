@@ -1,0 +1,27 @@
+# mcp-task-gateway in front of the example MCP server (stdio). Replace the CMD's --upstream-cmd or
+# --upstream-url (or mount a config and pass --config) to put it in front of your own server.
+#
+#   docker build -t mcp-task-gateway . && docker run --rm -p 127.0.0.1:8765:8765 mcp-task-gateway
+#
+# The default Host/Origin allow-lists accept loopback names only (localhost:*, 127.0.0.1:*, [::1]:*), which
+# is what a published port on the host's loopback sees; to reach it under another name, set
+# server.allowed_hosts / server.allowed_origins in a config file.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY . /app
+# The code stays root-owned and read-only to the runtime user.
+RUN pip install --no-cache-dir . \
+    && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gateway
+
+USER 10001
+EXPOSE 8765
+
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8765/healthz', timeout=2).status == 200 else 1)"]
+
+CMD ["mcp-task-gateway", "serve", "--listen", "0.0.0.0:8765", "--upstream-cmd", "python examples/build_server.py"]
