@@ -68,6 +68,7 @@ class Task:
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
     deleted_log_next_seq: int = 0
+    log_deleted: bool = False
     open_streams: int = 0
 
     def __post_init__(self) -> None:
@@ -154,6 +155,8 @@ class TaskRegistry:
         return [task for task in self._tasks.values() if task.owner == owner]
 
     async def record(self, task: Task, *events: TaskEvent) -> None:
+        if task.log_deleted:  # appending again would restart the deleted log at seq 0
+            return
         await self.log.append(task.id, [self.capture.encode(event) for event in events])
 
     async def set_status(
@@ -197,6 +200,7 @@ class TaskRegistry:
         for task in [task for task in self._tasks.values() if task.expires_at <= now]:
             del self._tasks[task.id]
             self._log_expiry.pop(task.id, None)
+            task.log_deleted = True
             if task.cancel is not None and not task.terminal:
                 await task.cancel()
             await self.log.delete(task.id)
@@ -205,8 +209,9 @@ class TaskRegistry:
     async def _delete_log(self, task_id: str) -> None:
         task = self._tasks.get(task_id)
         bounds = await self.log.bounds(task_id)
-        if task is not None and bounds is not None:
-            task.deleted_log_next_seq = bounds.next_seq
+        if task is not None:
+            task.log_deleted = True
+            task.deleted_log_next_seq = bounds.next_seq if bounds is not None else 0
         await self.log.delete(task_id)
 
     async def stop(self) -> None:

@@ -1,0 +1,1 @@
+"""Task events: capture rules, the retained log, and the tasks/stream cursor."""

@@ -1,0 +1,336 @@
+"""The retained per-task event log: its interface (``EventLog``) and the embedded in-memory store.
+
+Each task has its own log of opaque byte bodies numbered by ``seq`` from 0, incrementing by exactly 1
+(SEP-2694). The interface is kept as small as Redis Streams': batched append, read after an exclusive
+cursor, bounds, wait for growth, trim, delete. Readers are cursors, not queues: the log keeps no
+per-reader state and wakes every waiter of a task when it grows.
+
+This module must not know JSON-RPC, HTTP or the event envelope: bodies are bytes it never parses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from array import array
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+__all__ = ["EventLog", "LogBounds", "MemoryEventLog", "StoredEvent"]
+
+_DROPPED = b""
+"""Stands in for a trimmed body until the dead prefix is compacted away (frees the body at once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One retained event as read back from a log."""
+
+    seq: int
+    created: float
+    """``time.time()`` (or the injected clock) at append, raised if need be to the ``created`` of the task's
+    last retained event, so it never decreases within a task's log."""
+    body: bytes
+    """Opaque to the log; the caller stores an encoded JSON fragment."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogBounds:
+    """What a task's log holds: the earliest retained seq and the seq the next append will get."""
+
+    earliest: int | None
+    """Seq of the earliest retained event; ``None`` when nothing is retained."""
+    next_seq: int
+    """Seq the next append will get (== number of events ever appended to this log)."""
+
+
+class EventLog(ABC):
+    """A store of per-task event logs. Every method is safe for many concurrent readers and writers on one loop.
+
+    Seqs are dense per task: a reader that asked for events after ``c`` and receives a first event whose
+    seq is not ``c + 1`` knows that events were trimmed in between (``events_gone``); the log never
+    renumbers or reuses a seq while the task's log exists.
+    """
+
+    @abstractmethod
+    async def append(self, task_id: str, bodies: Sequence[bytes]) -> int:
+        """Append ``bodies`` in order and return the seq given to ``bodies[0]``.
+
+        Seqs are contiguous and start at 0 for a task's first event. Creates the task's log on first
+        append, enforces the per-task event limit (dropping the oldest) and wakes the task's waiters.
+        An empty batch creates the log if needed and returns the current ``next_seq``.
+        """
+
+    @abstractmethod
+    async def create(self, task_id: str) -> None:
+        """Create an empty log (bounds: earliest ``None``, next_seq 0); a no-op if the log exists."""
+
+    @abstractmethod
+    async def bounds(self, task_id: str) -> LogBounds | None:
+        """The task's log bounds, or ``None`` if the task has no log."""
+
+    @abstractmethod
+    async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
+        """Retained events with ``seq > after``, ascending and contiguous, at most ``limit`` of them.
+
+        The run starts at ``max(after + 1, earliest)``: a first seq greater than ``after + 1`` means the
+        events in between were trimmed. Returns ``[]`` if there are none, or if the task has no log.
+        """
+
+    @abstractmethod
+    async def wait(self, task_id: str, after: int, timeout: float) -> bool:
+        """Wait until an event with ``seq > after`` has been appended; ``True`` if so, ``False`` on timeout.
+
+        Returns ``True`` at once if such an event was already appended (even if it has since been trimmed:
+        the caller's next read or bounds call tells it ``events_gone``). Returns ``False`` promptly if the
+        task's log is deleted (or the store closed) while waiting. If the task has no log yet, waits for
+        one to be created and to grow, within the same timeout.
+        """
+
+    @abstractmethod
+    async def trim_older_than(self, cutoff: float) -> int:
+        """Drop events with ``created < cutoff`` from every task's log; return how many were dropped."""
+
+    @abstractmethod
+    async def delete(self, task_id: str) -> None:
+        """Drop the task's whole log (its waiters wake and get ``False``); a no-op if it has none."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release the store: wake every waiter (they get ``False``); later appends and creates fail."""
+
+
+_new = object.__new__
+_set_seq: Callable[[StoredEvent, int], None] = vars(StoredEvent)["seq"].__set__
+_set_created: Callable[[StoredEvent, float], None] = vars(StoredEvent)["created"].__set__
+_set_body: Callable[[StoredEvent, bytes], None] = vars(StoredEvent)["body"].__set__
+assert tuple(f.name for f in fields(StoredEvent)) == ("seq", "created", "body"), "update _stored_events"
+
+
+def _stored_events(base: int, times: array[float], bodies: list[bytes], start: int, stop: int) -> list[StoredEvent]:
+    """``StoredEvent``s for list indexes ``start:stop``, built through the slot descriptors.
+
+    The frozen dataclass ``__init__`` sets each field via ``object.__setattr__``; writing the slots directly
+    does the same thing about twice as fast, and reads are the hot path (every reader builds its own events).
+    """
+    out: list[StoredEvent] = []
+    append = out.append
+    for i in range(start, stop):
+        event = _new(StoredEvent)
+        _set_seq(event, base + i)
+        _set_created(event, times[i])
+        _set_body(event, bodies[i])
+        append(event)
+    return out
+
+
+class _TaskLog:
+    """One task's retained events: parallel ``bodies``/``times`` with a dead prefix of ``offset`` entries.
+
+    The entry at list index ``i`` has seq ``base + i``; live entries are ``offset <= i < len(bodies)``.
+    Trimming blanks bodies and advances ``offset``; the prefix is compacted once it is over half the list,
+    so a trim costs amortised O(1) per event and a seek is an index computation.
+    """
+
+    __slots__ = ("base", "bodies", "changed", "deleted", "offset", "times")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.offset = 0
+        self.bodies: list[bytes] = []
+        self.times = array("d")
+        self.changed: asyncio.Event | None = None
+        """Set (and replaced) on growth or deletion; created only when someone waits."""
+        self.deleted = False
+
+    @property
+    def next_seq(self) -> int:
+        return self.base + len(self.bodies)
+
+    def has_after(self, after: int) -> bool:
+        """Whether an event with ``seq > after`` was ever appended (retained or not)."""
+        return self.next_seq > max(after + 1, 0)
+
+    def bounds(self) -> LogBounds:
+        n = len(self.bodies)
+        return LogBounds(self.base + self.offset if self.offset < n else None, self.base + n)
+
+    def drop_to(self, index: int) -> int:
+        """Drop live entries below list index ``index``; return how many were dropped."""
+        start = self.offset
+        if index <= start:
+            return 0
+        bodies = self.bodies
+        if index * 2 > len(bodies):  # the dead prefix would exceed half: compact
+            del bodies[:index]
+            del self.times[:index]
+            self.base += index
+            self.offset = 0
+        else:
+            bodies[start:index] = [_DROPPED] * (index - start)
+            self.offset = index
+        return index - start
+
+    def wake(self) -> None:
+        if self.changed is not None:
+            self.changed.set()
+            self.changed = None
+
+
+class _Gate:
+    """Waiters for a log that does not exist yet; dropped when the log is created or the last waiter leaves."""
+
+    __slots__ = ("event", "waiters")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.waiters = 0
+
+
+class MemoryEventLog(EventLog):
+    """The embedded store: every task's log in this process's memory.
+
+    About 160 bytes per retained event with a 100-byte body: the body's bytes object, one list slot and
+    one ``double`` in an ``array``; ``StoredEvent`` objects are built only on read. Times are clamped to be
+    non-decreasing per task (a wall clock may step back), so age trimming is a binary search per task.
+    """
+
+    def __init__(self, max_events_per_task: int, clock: Callable[[], float] = time.time) -> None:
+        if max_events_per_task < 1:
+            raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
+        self._max_events = max_events_per_task
+        self._clock = clock
+        self._logs: dict[str, _TaskLog] = {}
+        self._gates: dict[str, _Gate] = {}
+        self._closed = False
+
+    @property
+    def max_events_per_task(self) -> int:
+        return self._max_events
+
+    def _ensure(self, task_id: str) -> _TaskLog:
+        if self._closed:
+            raise RuntimeError("the event log is closed")
+        log = self._logs.get(task_id)
+        if log is None:
+            log = self._logs[task_id] = _TaskLog()
+            gate = self._gates.pop(task_id, None)
+            if gate is not None:
+                gate.event.set()
+        return log
+
+    async def append(self, task_id: str, bodies: Sequence[bytes]) -> int:
+        log = self._ensure(task_id)
+        first = log.next_seq
+        n = len(bodies)
+        if n == 0:
+            return first
+        times = log.times
+        now = self._clock()
+        if log.offset < len(times) and now < times[-1]:
+            now = times[-1]  # never older than the last retained event: keeps ``times`` sorted
+        log.bodies.extend(bodies)
+        if n == 1:
+            times.append(now)
+        else:
+            times.extend(array("d", (now,)) * n)
+        excess = len(log.bodies) - log.offset - self._max_events
+        if excess > 0:
+            log.drop_to(log.offset + excess)
+        log.wake()
+        return first
+
+    async def create(self, task_id: str) -> None:
+        self._ensure(task_id)
+
+    async def bounds(self, task_id: str) -> LogBounds | None:
+        log = self._logs.get(task_id)
+        return None if log is None else log.bounds()
+
+    async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
+        log = self._logs.get(task_id)
+        if log is None or limit <= 0:
+            return []
+        base = log.base
+        start = max(after + 1 - base, log.offset)
+        stop = min(start + limit, len(log.bodies))
+        if start >= stop:
+            return []
+        return _stored_events(base, log.times, log.bodies, start, stop)
+
+    async def wait(self, task_id: str, after: int, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        log = self._logs.get(task_id)
+        if log is None:
+            log = await self._wait_created(task_id, deadline)
+            if log is None:
+                return False
+        while True:
+            if log.deleted:
+                return False
+            if log.has_after(after):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            changed = log.changed
+            if changed is None:
+                changed = log.changed = asyncio.Event()
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+            except TimeoutError:
+                return not log.deleted and log.has_after(after)
+
+    async def _wait_created(self, task_id: str, deadline: float) -> _TaskLog | None:
+        """Wait until ``task_id`` has a log (or the deadline passes / the store closes)."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            log = self._logs.get(task_id)
+            if log is not None:
+                return log
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            gate = self._gates.get(task_id)
+            if gate is None:
+                gate = self._gates[task_id] = _Gate()
+            gate.waiters += 1
+            try:
+                async with asyncio.timeout(remaining):
+                    await gate.event.wait()
+            except TimeoutError:
+                pass
+            finally:
+                gate.waiters -= 1
+                if gate.waiters == 0 and self._gates.get(task_id) is gate:
+                    del self._gates[task_id]
+        return None
+
+    async def trim_older_than(self, cutoff: float) -> int:
+        dropped = 0
+        for log in self._logs.values():
+            if log.offset < len(log.times) and log.times[log.offset] < cutoff:
+                dropped += log.drop_to(bisect_left(log.times, cutoff, log.offset))
+        return dropped
+
+    async def delete(self, task_id: str) -> None:
+        log = self._logs.pop(task_id, None)
+        if log is not None:
+            log.deleted = True
+            log.bodies = []
+            log.times = array("d")
+            log.wake()
+
+    async def close(self) -> None:
+        self._closed = True
+        logs, self._logs = self._logs, {}
+        for log in logs.values():
+            log.deleted = True
+            log.wake()
+        gates, self._gates = self._gates, {}
+        for gate in gates.values():
+            gate.event.set()
