@@ -1,4 +1,4 @@
-"""The `mcp-task-gateway` command: serve and check-config."""
+"""The `mcp-task-gateway` command: serve, check-config, tail and demo."""
 
 from __future__ import annotations
 
@@ -30,7 +30,35 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path")
+
+    tail = commands.add_parser(
+        "tail",
+        help="print a task's events as they arrive (tasks/stream), then exit with its outcome",
+        description="Follow a task's event stream, reconnecting and resuming on its own. Exit codes: 0 completed, "
+        "1 failed, 2 unknown task or error, 3 cancelled, 4 events no longer retained, 5 gateway unreachable.",
+    )
+    tail.add_argument("url", metavar="URL", help="the gateway's MCP endpoint, e.g. http://127.0.0.1:8765/mcp")
+    tail.add_argument("task_id", metavar="TASK_ID")
+    tail.add_argument(
+        "--after", metavar="N", type=_seq, help="start after event seq N (default: the earliest retained)"
+    )
+    tail.add_argument("--json", action="store_true", help="one JSON object per event (the event's params) per line")
+    tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help="protocol era (default legacy)")
+
+    demo = commands.add_parser(
+        "demo", help="run the example server behind an in-process gateway and show tasks/stream end to end"
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the gateway running afterwards (until Ctrl-C)")
+    demo.add_argument(
+        "--upstream-cmd", metavar="'CMD ARGS...'", help="the stdio upstream (default: examples/build_server.py)"
+    )
     return parser
+
+
+def _seq(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a non-negative integer")
+    return int(value)
 
 
 def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
@@ -80,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             load_config(args.path)
             print(f"{args.path}: ok")
             return 0
+        if args.command == "tail":
+            from gateway.client import tail
+
+            return tail.main(args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era)
+        if args.command == "demo":
+            from gateway.client import demo
+
+            return demo.main(keep=args.keep, upstream_cmd=args.upstream_cmd)
         return _serve(args)
     except ConfigError as exc:
         print(f"mcp-task-gateway: {exc}", file=sys.stderr)

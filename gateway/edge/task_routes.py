@@ -224,6 +224,7 @@ class TaskRoutes:
                 raise ProtocolError(
                     jsonrpc.INVALID_PARAMS,
                     "Invalid params: a tasks/stream for this task is already active on this session; cancel it first",
+                    data={"reason": "stream_active", "taskId": task.id},
                     request_id=request_id,
                 )
             session.task_streams.add(task.id)

@@ -1,0 +1,29 @@
+"""A small SEP-2694 consumer over Streamable HTTP: `GatewayClient` opens task event streams, resumes
+them after a seq, and follows a task to its end across dropped connections (`follow`).
+
+Used by `mcp-task-gateway tail` (`tail.py`) and `demo` (`demo.py`); usable by any asyncio program.
+The client (`stream.py`) speaks to any MCP endpoint that serves `tasks/stream`, in either era, and
+never imports the gateway's server side; only `demo.py` does, to run a gateway in-process.
+"""
+
+from __future__ import annotations
+
+from gateway.client.stream import (
+    EventsGone,
+    GatewayClient,
+    GatewayError,
+    JsonRpcError,
+    StreamDropped,
+    StreamGap,
+    TransportError,
+)
+
+__all__ = [
+    "EventsGone",
+    "GatewayClient",
+    "GatewayError",
+    "JsonRpcError",
+    "StreamDropped",
+    "StreamGap",
+    "TransportError",
+]

@@ -1,0 +1,652 @@
+"""`GatewayClient`: JSON-RPC over Streamable HTTP in either era, and the SEP-2694 task event stream.
+
+It owns the client side of the wire: the legacy session (initialize, `Mcp-Session-Id`, renewed when
+the server forgets it, DELETE on exit), the modern per-request envelope and headers, reading JSON or
+SSE responses, `tasks/stream` as an async iterator (`TaskStream`), and `follow`, the resilient consumer
+that reconnects, resumes after the last processed seq, de-duplicates and never skips silently.
+
+It must not know the gateway's internals: it speaks the protocol to any endpoint that serves it, and
+uses only the sans-I/O SSE parser and protocol constants from this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import inspect
+import itertools
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+
+from gateway import __version__
+from gateway.protocol.envelope import NAME_PARAM
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from gateway.sse import SseError, SseParser
+
+EraName = Literal["legacy", "modern"]
+Message = dict[str, Any]
+OnEvent = Callable[[Message], Awaitable[None] | None]
+OnMessage = Callable[[Message], Awaitable[None] | None]
+OnReconnect = Callable[[int, int | None, BaseException], None]
+"""`on_reconnect(attempt, resume_after, reason)`: called before each reconnect of `follow`."""
+
+LEGACY_VERSION = "2025-11-25"
+MODERN_VERSION = "2026-07-28"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+SESSION_HEADER = "Mcp-Session-Id"
+EVENT_METHOD = "notifications/tasks/event"
+EVENTS_GONE_CODE = -32010
+INVALID_PARAMS = -32602
+REQUEST_CANCELLED = -32800
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+class GatewayError(Exception):
+    """Anything this client raises on purpose."""
+
+
+class JsonRpcError(GatewayError):
+    """The server answered with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None, *, http_status: int | None = None) -> None:
+        super().__init__(f"{message} (JSON-RPC {code})")
+        self.code = code
+        self.message = message
+        self.data = data
+        self.http_status = http_status
+
+
+class EventsGone(JsonRpcError):
+    """`tasks/stream` could not resume gap-free: events after the cursor were dropped by retention.
+
+    Resume from `earliest_seq - 1` to accept the gap, or treat it as fatal; the client never decides."""
+
+    def __init__(
+        self, code: int, message: str, data: dict[str, Any], *, http_status: int | None = None, task_id: str
+    ) -> None:
+        super().__init__(code, message, data, http_status=http_status)
+        self.task_id = str(data.get("taskId", task_id))
+        earliest = data.get("earliestSeq")
+        self.earliest_seq: int | None = (
+            earliest if isinstance(earliest, int) and not isinstance(earliest, bool) else None
+        )
+
+
+class TransportError(GatewayError, ConnectionError):
+    """The request did not get a JSON-RPC answer: connection refused or reset, timeout, bad HTTP reply."""
+
+
+class StreamDropped(TransportError):
+    """A response stream ended (or was cut) before its JSON-RPC response arrived."""
+
+
+class StreamGap(GatewayError):
+    """The server delivered a seq other than the next one after the cursor (it must send events_gone)."""
+
+    def __init__(self, task_id: str, expected: int, got: int) -> None:
+        super().__init__(f"task {task_id}: expected event seq {expected}, got {got}; the stream skipped events")
+        self.task_id = task_id
+        self.expected = expected
+        self.got = got
+
+
+def error_from(error: object, *, http_status: int | None = None, task_id: str = "") -> JsonRpcError:
+    """The exception for a JSON-RPC `error` member; events_gone is recognised by `data.reason` alone."""
+    if not isinstance(error, dict):
+        return JsonRpcError(-32603, f"malformed JSON-RPC error: {error!r}", http_status=http_status)
+    code = error.get("code")
+    code = code if isinstance(code, int) else -32603
+    message = str(error.get("message", "error"))
+    data = error.get("data")
+    if isinstance(data, dict) and data.get("reason") == "events_gone":
+        return EventsGone(code, message, data, http_status=http_status, task_id=task_id)
+    return JsonRpcError(code, message, data, http_status=http_status)
+
+
+def header_value(value: object) -> str:
+    """A header value as the 2026 transport wants it: plain ASCII as is, anything else base64-wrapped."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isascii() and text.isprintable() and text == text.strip():
+        return text
+    return "=?base64?" + base64.b64encode(text.encode()).decode() + "?="
+
+
+async def _maybe_await(value: Awaitable[None] | None) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+class GatewayClient:
+    """A JSON-RPC client for one MCP endpoint, in the legacy (2025-11-25) or modern (2026-07-28) era.
+
+    Use it as an async context manager: in legacy it opens a session on enter (renewing it whenever
+    the server answers 404 for it) and deletes it on exit. Safe to use from several asyncio tasks.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        era: EraName = "legacy",
+        headers: Mapping[str, str] | None = None,
+        session: aiohttp.ClientSession | None = None,
+        idle_timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if era not in ("legacy", "modern"):
+            raise ValueError(f"era must be 'legacy' or 'modern', not {era!r}")
+        self.url = url
+        self.era: EraName = era
+        self._extra_headers = dict(headers or {})
+        self._http = session
+        self._own_http = session is None
+        # sock_read bounds silence, not duration: the server sends keep-alive comments on idle streams.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=idle_timeout)
+        self._ids = itertools.count(1)
+        self._session_id: str | None = None
+        self._session_lock = asyncio.Lock()
+        self.initialize_result: dict[str, Any] | None = None
+        """The legacy server's initialize result (capabilities, serverInfo), once connected."""
+
+    async def __aenter__(self) -> GatewayClient:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def session_id(self) -> str | None:
+        """The legacy `Mcp-Session-Id` (None in modern, or before `connect`)."""
+        return self._session_id
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def connect(self) -> None:
+        """Legacy: open a session (initialize, then notifications/initialized). Modern: nothing to do."""
+        self._client()
+        if self.era == "legacy" and self._session_id is None:
+            await self._renew_session(None)
+
+    async def close(self) -> None:
+        """Legacy: end the session (DELETE), best effort. Closes the HTTP session if this client made it."""
+        session_id, self._session_id = self._session_id, None
+        if session_id is not None and self._http is not None and not self._http.closed:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                async with self._http.delete(
+                    self.url,
+                    headers={**self._extra_headers, SESSION_HEADER: session_id, "MCP-Protocol-Version": LEGACY_VERSION},
+                    timeout=aiohttp.ClientTimeout(total=5),
+                ):
+                    pass
+        if self._own_http and self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # -- the legacy session -----------------------------------------------------------------------
+
+    async def _initialize(self) -> None:
+        message = {
+            "jsonrpc": "2.0",
+            "id": self.next_id(),
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LEGACY_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "mcp-task-gateway-client", "version": __version__},
+            },
+        }
+        headers = self._base_headers()
+        try:
+            response = await self._client().post(
+                self.url, data=orjson.dumps(message), headers=headers, timeout=self._timeout
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise TransportError(f"cannot reach {self.url}: {exc or type(exc).__name__}") from exc
+        final = await self._final(response, message["id"], None)
+        if "error" in final:
+            raise error_from(final["error"], http_status=response.status)
+        session_id = response.headers.get(SESSION_HEADER)
+        if not session_id:
+            raise TransportError(f"{self.url} answered initialize without an {SESSION_HEADER} header")
+        self._session_id = session_id
+        result = final.get("result")
+        self.initialize_result = result if isinstance(result, dict) else {}
+        # Under the session lock: a 404 here must not try to renew the session again.
+        await self._send_only({"jsonrpc": "2.0", "method": "notifications/initialized"}, renew=False)
+
+    async def _renew_session(self, stale: str | None) -> None:
+        async with self._session_lock:
+            if self._session_id == stale:
+                self._session_id = None
+                await self._initialize()
+
+    # -- one POST ---------------------------------------------------------------------------------
+
+    def _base_headers(self) -> dict[str, str]:
+        return {
+            **self._extra_headers,
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+
+    def _headers_for(self, message: Message) -> dict[str, str]:
+        headers = self._base_headers()
+        if self.era == "legacy":
+            headers["MCP-Protocol-Version"] = LEGACY_VERSION
+            if self._session_id is not None:
+                headers[SESSION_HEADER] = self._session_id
+            return headers
+        headers["MCP-Protocol-Version"] = MODERN_VERSION
+        method = message.get("method")
+        if isinstance(method, str) and "id" in message:
+            headers["Mcp-Method"] = method
+            name_param = NAME_PARAM.get(method)
+            params = message.get("params")
+            if name_param is not None and isinstance(params, dict) and name_param in params:
+                headers["Mcp-Name"] = header_value(params[name_param])
+        return headers
+
+    def _envelope(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Modern requests carry the protocol version and client capabilities in `params._meta`."""
+        body = dict(params or {})
+        if self.era == "modern":
+            meta = {
+                PROTOCOL_VERSION_KEY: MODERN_VERSION,
+                CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+                **(body.get("_meta") or {}),
+            }
+            body["_meta"] = meta
+        return body
+
+    async def _open(self, message: Message, *, renew: bool = True) -> aiohttp.ClientResponse:
+        """POST `message`; in legacy, a 404 for our session opens a new one and the POST is sent again
+        (the server refused it before doing anything, so sending it again is safe)."""
+        if renew and self.era == "legacy" and self._session_id is None:
+            await self._renew_session(None)
+        for attempt in range(2 if renew else 1):
+            session_id = self._session_id
+            try:
+                response = await self._client().post(
+                    self.url, data=orjson.dumps(message), headers=self._headers_for(message), timeout=self._timeout
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise TransportError(f"cannot reach {self.url}: {exc or type(exc).__name__}") from exc
+            if response.status == 404 and self.era == "legacy" and session_id is not None and attempt == 0:
+                response.close()
+                await self._renew_session(session_id)
+                continue
+            return response
+        raise AssertionError("unreachable")
+
+    async def _messages(self, response: aiohttp.ClientResponse) -> AsyncIterator[Message]:
+        """The JSON-RPC messages of one response, JSON or SSE, as they arrive."""
+        content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        try:
+            if content_type == "application/json":
+                body = await response.read()
+                try:
+                    message = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    raise TransportError(f"HTTP {response.status}: the body is not JSON: {body[:200]!r}") from None
+                if isinstance(message, dict):
+                    yield message
+                return
+            if content_type != "text/event-stream":
+                text = (await response.read())[:200].decode(errors="replace")
+                raise TransportError(f"HTTP {response.status} {response.reason} ({content_type or 'no body'}): {text}")
+            parser = SseParser()
+            async for chunk in response.content.iter_any():
+                for event in parser.feed(chunk):
+                    if event.event != "message" or not event.data:
+                        continue
+                    try:
+                        message = orjson.loads(event.data)
+                    except orjson.JSONDecodeError:
+                        raise TransportError(f"an SSE event is not JSON: {event.data[:200]!r}") from None
+                    if isinstance(message, dict):
+                        yield message
+        except GatewayError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, SseError) as exc:
+            raise StreamDropped(f"the connection dropped mid-response ({type(exc).__name__})") from exc
+
+    async def _final(
+        self, response: aiohttp.ClientResponse, request_id: object, on_message: OnMessage | None
+    ) -> Message:
+        """Read `response` until the JSON-RPC response to `request_id`; pass other messages on."""
+        try:
+            async for message in self._messages(response):
+                if answers(message, request_id):
+                    return message
+                await self._other(message, on_message)
+        finally:
+            _close(response)
+        raise StreamDropped(f"the response ended before the answer to request {request_id!r}")
+
+    async def _other(self, message: Message, on_message: OnMessage | None) -> None:
+        """A message that is not the awaited response: a notification, or a server request we decline."""
+        if "method" in message and "id" in message:
+            await self._decline(message)
+        elif on_message is not None and "method" in message:
+            await _maybe_await(on_message(message))
+
+    async def _decline(self, request: Message) -> None:
+        """This client offers no sampling, elicitation or roots: answer such server requests with an error."""
+        if self.era != "legacy":
+            return
+        answer = {
+            "jsonrpc": "2.0",
+            "id": request["id"],
+            "error": {"code": -32601, "message": f"Method not found: this client does not serve {request['method']}"},
+        }
+        with contextlib.suppress(TransportError):
+            await self._send_only(answer)
+
+    async def _send_only(self, message: Message, *, renew: bool = True) -> None:
+        response = await self._open(message, renew=renew)
+        try:
+            if response.status >= 400:
+                final = await self._final(response, message.get("id"), None)
+                raise error_from(final.get("error"), http_status=response.status)
+        finally:
+            _close(response)
+
+    # -- JSON-RPC ---------------------------------------------------------------------------------
+
+    async def request(
+        self, method: str, params: Mapping[str, Any] | None = None, *, on_message: OnMessage | None = None
+    ) -> Message:
+        """Send a request and return its JSON-RPC response message (`result` in it).
+
+        Raises JsonRpcError (EventsGone for events_gone) for an error response and TransportError when
+        no answer arrives. `on_message` sees the notifications that precede the answer."""
+        message = {"jsonrpc": "2.0", "id": self.next_id(), "method": method, "params": self._envelope(params)}
+        response = await self._open(message)
+        final = await self._final(response, message["id"], on_message)
+        if "error" in final:
+            raise error_from(final["error"], http_status=response.status, task_id=str((params or {}).get("taskId", "")))
+        if not isinstance(final.get("result"), dict):
+            raise JsonRpcError(-32603, f"malformed response to {method}: no result object", http_status=response.status)
+        return final
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
+        """Send a notification (answered 202 with no body)."""
+        message: Message = {"jsonrpc": "2.0", "method": method}
+        if params is not None or self.era == "modern":
+            message["params"] = self._envelope(params)
+        await self._send_only(message)
+
+    # -- tasks/stream -----------------------------------------------------------------------------
+
+    def stream(self, task_id: str, after: int | None = None, *, on_message: OnMessage | None = None) -> TaskStream:
+        """`tasks/stream`: an async iterator over the task's events (each event's `params`), in order.
+
+        Iteration ends when the server sends the empty result; it raises EventsGone when the cursor is
+        too old, JsonRpcError for other errors (-32602 for an unknown task or bad `after`) and
+        StreamDropped when the connection breaks. Use `async with client.stream(...) as events:` to
+        close the stream promptly when you stop early."""
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+            raise ValueError(f"after must be a non-negative integer, not {after!r}")
+        return TaskStream(self, task_id, after, on_message)
+
+    async def follow(
+        self,
+        task_id: str,
+        after: int | None = None,
+        *,
+        on_event: OnEvent,
+        max_reconnects: int = 8,
+        backoff: float = 0.2,
+        max_backoff: float = 5.0,
+        on_reconnect: OnReconnect | None = None,
+    ) -> int | None:
+        """Follow a task's events to its end, across dropped connections; return the last processed seq.
+
+        `on_event(params)` (sync or async) is called once per seq, in order; a seq counts as processed
+        when it returns. After a drop, the stream is opened again with `after` = the last processed seq
+        (a new legacy session if the old one is gone); duplicates are skipped by (taskId, seq). When a
+        stream ends, the task is fetched: a terminal task ends `follow`, otherwise it reconnects.
+        `max_reconnects` bounds consecutive attempts without progress (delays `backoff`, doubling up to
+        `max_backoff`); then the last TransportError is raised. EventsGone for a cursor (`after`, or a
+        seq already processed) is raised, never skipped: the caller decides whether to resume from
+        `earliest_seq - 1`. Without a cursor the first event may have any seq (the earliest retained).
+        StreamGap if the server skips a seq without saying events_gone.
+        """
+        last = after
+        failures = unanchored_gone = 0
+        while True:
+            progressed = False
+            try:
+                async with self.stream(task_id, after=last) as events:
+                    async for event in events:
+                        seq = event["seq"]
+                        if last is not None and seq <= last:
+                            continue  # already processed: a replay after reconnecting
+                        if last is not None and seq != last + 1:
+                            raise StreamGap(task_id, last + 1, seq)
+                        await _maybe_await(on_event(event))
+                        last = seq
+                        progressed = True
+                task = (await self.get_task(task_id))["result"]
+                if task.get("status") in TERMINAL_STATUSES:
+                    return last
+                reason: BaseException = StreamDropped(
+                    f"the stream closed while the task is still {task.get('status')!r}"
+                )
+            except TransportError as exc:
+                reason = exc
+            except EventsGone as exc:
+                if last is not None or unanchored_gone >= 2:
+                    raise
+                # No cursor yet means "from the earliest retained event": retention moved it while the
+                # stream started (a busy task), so ask again; nothing the caller asked for is skipped.
+                unanchored_gone += 1
+                reason = exc
+            except JsonRpcError as exc:
+                if not _stream_conflict(exc):
+                    raise
+                # Our previous stream on this session is not gone yet on the server's side.
+                reason = exc
+            if progressed:
+                failures = 0
+            failures += 1
+            if failures > max_reconnects:
+                if isinstance(reason, TransportError):
+                    raise reason
+                raise TransportError(f"gave up on task {task_id} after {max_reconnects} reconnects: {reason}")
+            if on_reconnect is not None:
+                on_reconnect(failures, last, reason)
+            await asyncio.sleep(min(max_backoff, backoff * 2 ** (failures - 1)))
+
+    # -- task helpers -----------------------------------------------------------------------------
+
+    async def call_tool(
+        self, tool: str, arguments: Mapping[str, Any] | None = None, *, task: bool = False, ttl_ms: int | None = None
+    ) -> dict[str, Any]:
+        """`tools/call`; the result object. Legacy with `task=True`: a task-augmented call (CreateTaskResult)."""
+        params: dict[str, Any] = {"name": tool, "arguments": dict(arguments or {})}
+        if task and self.era == "legacy":
+            params["task"] = {} if ttl_ms is None else {"ttl": ttl_ms}
+        result: dict[str, Any] = (await self.request("tools/call", params))["result"]
+        return result
+
+    async def start_task(
+        self, tool: str, arguments: Mapping[str, Any] | None = None, ttl_ms: int | None = None
+    ) -> str | None:
+        """Start `tool` as a task and return its taskId.
+
+        Legacy: a task-augmented tools/call (an error if no task was created). Modern: the server
+        decides; None when it answered with the plain result instead (use `call_tool` to keep it)."""
+        result = await self.call_tool(tool, arguments, task=True, ttl_ms=ttl_ms)
+        if self.era == "legacy":
+            task = result.get("task")
+            if not isinstance(task, dict) or not isinstance(task.get("taskId"), str):
+                raise GatewayError(f"tools/call {tool!r} did not create a task: {orjson.dumps(result)[:200]!r}")
+            task_id: str = task["taskId"]
+            return task_id
+        if result.get("resultType") == "task" and isinstance(result.get("taskId"), str):
+            modern_id: str = result["taskId"]
+            return modern_id
+        return None
+
+    async def get_task(self, task_id: str) -> Message:
+        """`tasks/get`: the response message; its `result` is the task (modern: with the outcome inlined)."""
+        return await self.request("tasks/get", {"taskId": task_id})
+
+    async def cancel_task(self, task_id: str) -> Message:
+        return await self.request("tasks/cancel", {"taskId": task_id})
+
+    async def task_result(self, task_id: str) -> dict[str, Any]:
+        """The task's result once it is terminal (legacy: tasks/result, which blocks; modern: tasks/get
+        polled at the task's pollInterval). An error outcome or cancellation raises JsonRpcError."""
+        if self.era == "legacy":
+            result: dict[str, Any] = (await self.request("tasks/result", {"taskId": task_id}))["result"]
+            return result
+        while True:
+            task = (await self.get_task(task_id))["result"]
+            status = task.get("status")
+            if status in TERMINAL_STATUSES:
+                if isinstance(task.get("result"), dict):
+                    outcome: dict[str, Any] = task["result"]
+                    return outcome
+                if "error" in task:
+                    raise error_from(task["error"])
+                raise JsonRpcError(REQUEST_CANCELLED, f"Task {status}")
+            interval = task.get("pollIntervalMs")
+            await asyncio.sleep(min(5.0, max(0.1, interval / 1000 if isinstance(interval, int | float) else 1.0)))
+
+
+class TaskStream:
+    """One `tasks/stream` request: iterate it for the events; `async with` closes it when you stop early.
+
+    `last_seq` is the last seq delivered, `result` the final (empty) result once the stream ended
+    normally. `aclose()` cancels it the protocol's way (legacy: notifications/cancelled; modern: the
+    closed POST); `abort()` just cuts the connection, which is what a network failure looks like.
+    """
+
+    def __init__(self, client: GatewayClient, task_id: str, after: int | None, on_message: OnMessage | None) -> None:
+        self.client = client
+        self.task_id = task_id
+        self.after = after
+        self.request_id = client.next_id()
+        self.last_seq: int | None = None
+        self.result: dict[str, Any] | None = None
+        self._on_message = on_message
+        self._response: aiohttp.ClientResponse | None = None
+        self._active = False
+        self._gen = self._run()
+
+    def __aiter__(self) -> TaskStream:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self._gen.__anext__()
+
+    async def __aenter__(self) -> TaskStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose(cancel=exc_type is not asyncio.CancelledError)
+
+    def abort(self) -> None:
+        """Cut the connection without cancelling; the next read raises StreamDropped."""
+        response = self._response
+        if response is not None:
+            response.close()
+
+    async def aclose(self, *, cancel: bool = True) -> None:
+        """Stop the stream. If it was still open and `cancel`, tell a legacy server (best effort)."""
+        was_active = self._active
+        self.abort()
+        await self._gen.aclose()
+        if cancel and was_active and self.client.era == "legacy":
+            params = {"requestId": self.request_id, "reason": "the client closed the stream"}
+            with contextlib.suppress(GatewayError):
+                async with asyncio.timeout(5):
+                    await self.client.notify("notifications/cancelled", params)
+
+    async def _run(self) -> AsyncGenerator[Message, None]:
+        params: dict[str, Any] = {"taskId": self.task_id}
+        if self.after is not None:
+            params["after"] = self.after
+        message = {
+            "jsonrpc": "2.0",
+            "id": self.request_id,
+            "method": "tasks/stream",
+            "params": self.client._envelope(params),
+        }
+        response = await self.client._open(message)
+        self._response = response
+        self._active = True
+        try:
+            async for incoming in self.client._messages(response):
+                if incoming.get("method") == EVENT_METHOD:
+                    event = incoming.get("params")
+                    if not isinstance(event, dict) or event.get("taskId") != self.task_id:
+                        continue
+                    seq = event.get("seq")
+                    if isinstance(seq, bool) or not isinstance(seq, int):
+                        raise StreamDropped(f"an event without an integer seq: {orjson.dumps(event)[:200]!r}")
+                    self.last_seq = seq
+                    yield event
+                elif answers(incoming, self.request_id):
+                    self._active = False
+                    if "error" in incoming:
+                        raise error_from(incoming["error"], http_status=response.status, task_id=self.task_id)
+                    result = incoming.get("result")
+                    self.result = result if isinstance(result, dict) else {}
+                    return
+                else:
+                    await self.client._other(incoming, self._on_message)
+            cursor = "no event" if self.last_seq is None else f"seq {self.last_seq}"
+            raise StreamDropped(f"the tasks/stream for task {self.task_id} ended without a response (after {cursor})")
+        finally:
+            self._active = False
+            self._response = None
+            _close(response)
+
+
+def answers(message: Message, request_id: object) -> bool:
+    """Whether `message` is the response to `request_id` (or an error the server could not attribute)."""
+    if "method" in message:
+        return False
+    return message.get("id") == request_id or (message.get("id") is None and "error" in message)
+
+
+def _close(response: aiohttp.ClientResponse) -> None:
+    """Give a fully read connection back to the pool; close one that is not (it may carry more)."""
+    if response.content.at_eof():
+        response.release()
+    else:
+        response.close()
+
+
+def _stream_conflict(error: JsonRpcError) -> bool:
+    """-32602 because a previous tasks/stream of ours for the task is still active on the server side."""
+    return error.code == INVALID_PARAMS and isinstance(error.data, dict) and error.data.get("reason") == "stream_active"
