@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -22,6 +24,7 @@ class Metrics:
             ["method"],
             registry=self.registry,
         )
+        self._forwarded_children: dict[str, Any] = {}
         self.notifications_dropped = Counter(
             "mcp_gateway_notifications_dropped",
             "Upstream messages with nowhere to go (no open GET stream), by method",
@@ -45,6 +48,13 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+
+    def count_forwarded(self, method: str) -> None:
+        """Count one forwarded notification; label children are cached (this runs once per message)."""
+        child = self._forwarded_children.get(method)
+        if child is None:
+            child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +37,9 @@ from gateway.upstream.stdio import UpstreamBusy
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
+
+ChannelSource = Callable[[], Awaitable[UpstreamChannel]]
+"""How a request gets its upstream channel, only once it needs one."""
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 
 
@@ -217,22 +220,30 @@ class McpEndpoint:
                 request_id=message["id"],
             )
         call = Call(request, message, Era.MODERN, None, headers, Caller(ANONYMOUS, Era.MODERN))
+
+        leased: list[UpstreamChannel] = []
+
+        async def lease() -> UpstreamChannel:
+            # Taken only by requests that reach the upstream, once: a tasks/stream served from the
+            # log must not hold a pooled process for as long as it stays open.
+            if not leased:
+                leased.append(await call.resources.enter_async_context(self._upstream.stateless()))
+            return leased[0]
+
         try:
             hosting = not await self._modern_upstream_has_tasks()
-            channel = await call.resources.enter_async_context(self._upstream.stateless())
+            return await self._dispatch(call, lease, hosting=hosting)
         except UpstreamBusy as exc:
             raise ProtocolError(
                 jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
             ) from None
-        try:
-            return await self._dispatch(call, channel, hosting=hosting)
         finally:
             if not call.resources_kept:
                 await call.resources.aclose()
 
     # -- one classification per request ------------------------------------------------------------
 
-    async def _dispatch(self, call: Call, channel: UpstreamChannel, *, hosting: bool) -> web.StreamResponse:
+    async def _dispatch(self, call: Call, channel: ChannelSource, *, hosting: bool) -> web.StreamResponse:
         try:
             if call.method == "tasks/stream":
                 return await self._tasks.stream(call, self._events_enabled)
@@ -240,13 +251,13 @@ class McpEndpoint:
                 return await self._tasks.task_method(call)
             if hosting and call.method == "tools/call":
                 answer = (
-                    await self._tasks.legacy_tool_call(call, channel)
+                    await self._tasks.legacy_tool_call(call, await channel())
                     if call.era is Era.LEGACY
-                    else await self._tasks.modern_tool_call(call, channel)
+                    else await self._tasks.modern_tool_call(call, await channel())
                 )
                 if answer is not None:
                     return answer
-            return await self._forward(call, channel, self._transform_for(call, hosting))
+            return await self._forward(call, await channel(), self._transform_for(call, hosting))
         except ProtocolError as error:
             if error.request_id is None:
                 error.request_id = call.message["id"]

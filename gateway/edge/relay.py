@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.edge.responder import Responder, SlowClient
 from gateway.metrics import Metrics
+from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
@@ -49,14 +50,21 @@ async def relay(
     session: Session | None = None,
     transform: Transform | None = None,
     handoff: Handoff | None = None,
+    flush_interval_s: float = 0.002,
 ) -> web.StreamResponse:
     started = time.perf_counter()
+    pacer = WritePacer(flush_interval_s)
     try:
         while True:
             wait = keepalive_s
             if handoff is not None:
                 wait = min(wait, max(0.0, handoff.deadline - time.monotonic()))
             batch = await exchange.next_batch(wait)
+            if batch and not jsonrpc.is_final(batch[-1]) and (pause := pacer.pause()) > 0:
+                # Mid-burst: let the burst accumulate and write it once, instead of one small write
+                # (one syscall, one wake-up of the client) per notification.
+                await asyncio.sleep(pause)
+                batch.extend(await exchange.next_batch(0) or [])
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
@@ -69,6 +77,7 @@ async def relay(
                 return await responder.finish(transform(final) if transform else final, era)
             if batch:
                 await _send(batch, responder, session, handoff)
+                pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
                 answer = await handoff.take_over(handoff.observed)

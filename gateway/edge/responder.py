@@ -72,7 +72,7 @@ class Responder:
     async def send(self, messages: list[Message]) -> None:
         for message in messages:
             if "method" in message:
-                self._metrics.notifications_forwarded.labels(method=message["method"]).inc()
+                self._metrics.count_forwarded(message["method"])
         await self.write(b"".join(sse.encode_message(orjson.dumps(message)) for message in messages))
 
     async def keepalive(self) -> None:

@@ -17,6 +17,7 @@ import orjson
 from gateway import sse
 from gateway.events.capture import RELATED_TASK_KEY
 from gateway.events.log import EventLog, LogBounds, StoredEvent
+from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
 
@@ -110,6 +111,7 @@ async def run_stream(
     keepalive_s: float,
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
+    flush_interval_s: float = 0.02,
 ) -> Message | ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
@@ -120,12 +122,20 @@ async def run_stream(
     frames = EventFrames(task_id)
     cursor = first_seq
     delivered = 0
+    pacer = WritePacer(flush_interval_s)
+    caught_up = False
     while not stop.is_set():
+        if caught_up and (pause := pacer.pause()) > 0:
+            # Live tail: a stream writes at most once per interval, so fan-out to many streams costs
+            # a bounded number of writes per second however fast the task produces events.
+            await asyncio.sleep(pause)
         events = await log.read(task_id, cursor - 1, batch)
+        caught_up = len(events) < batch
         if events:
             if events[0].seq != cursor:
                 return events_gone(task_id, events[0].seq)
             await write(frames.frames(events))
+            pacer.wrote()
             cursor = events[-1].seq + 1
             delivered += len(events)
             if on_batch is not None:
