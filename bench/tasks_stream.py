@@ -57,6 +57,12 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -127,7 +133,7 @@ async def stream_count(
     async with http.post(url, json=body, headers=headers) as response:
         async for chunk in response.content.iter_any():
             data = tail + chunk
-            cut = data.rfind(b"\n\n") + 2
+            cut = data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0
             complete, tail = data[:cut], data[cut:]
             seqs = FRAME.findall(complete)
             if seqs:
@@ -221,33 +227,41 @@ async def first_event_seconds(
 def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
     """One client process holding `streams` streams; reports per-event delivery latencies."""
 
-    async def one(http: aiohttp.ClientSession, headers: dict[str, str]) -> tuple[int, int, list[float]]:
-        body = {"jsonrpc": "2.0", "id": 4, "method": "tasks/stream", "params": {"taskId": task_id}}
+    # 2026-07-28 requests: each POST is its own connection, so one process can hold many streams of
+    # one task (a legacy session allows one active stream per task).
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    }
+    headers = {**HEADERS, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tasks/stream", "Mcp-Name": task_id}
+
+    async def one(http: aiohttp.ClientSession) -> tuple[int, int, list[float]]:
+        params = {"taskId": task_id, "_meta": envelope}
+        body = {"jsonrpc": "2.0", "id": 4, "method": "tasks/stream", "params": params}
         latencies: list[float] = []
         count, last, tail = 0, -1, b""
         async with http.post(url, json=body, headers=headers) as response:
             async for chunk in response.content.iter_any():
                 now = time.time()
                 data = tail + chunk
-                cut = data.rfind(b"\n\n") + 2
+                cut = data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0
                 complete, tail = data[:cut], data[cut:]
-                for frame in complete.split(b"\n\n"):
-                    stamp = STAMP.search(frame)
-                    if stamp:
-                        latencies.append(now - float(stamp.group(1)))
-                    seq = FRAME.search(frame)
-                    if seq:
-                        count += 1
-                        last = int(seq.group(1))
+                # The first event of a delivery is its oldest: its latency is the delivery's worst.
+                stamp = STAMP.search(complete)
+                if stamp:
+                    latencies.append(now - float(stamp.group(1)))
+                seqs = FRAME.findall(complete)
+                if seqs:
+                    count += len(seqs)
+                    last = int(seqs[-1])
         return count, last, latencies
 
     async def main() -> None:
         async with aiohttp.ClientSession(
             headers=HEADERS, connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         ) as http:
-            headers = await open_session(http, url)
-            results = await asyncio.gather(*(one(http, headers) for _ in range(streams)))
-        out.put([(count, last, sorted(lat)[:: max(1, len(lat) // 2000)]) for count, last, lat in results])
+            results = await asyncio.gather(*(one(http) for _ in range(streams)))
+        out.put([(count, last, lat) for count, last, lat in results])
 
     asyncio.run(main())
 
@@ -264,6 +278,7 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
         per_client = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
         procs = [multiprocessing.Process(target=fanout_client, args=(url, task_id, n, queue)) for n in per_client]
         peak = 0
+        cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
         for proc in procs:
             proc.start()
         results: list[tuple[int, int, list[float]]] = []
@@ -273,6 +288,7 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
             peak = max(peak, rss_kib(pid))
         for proc in procs:
             proc.join()
+        cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
         final = await call(http, url, headers, "tasks/get", {"taskId": task_id})
         expected = max(last for _, last, _ in results) + 1
         complete = sum(1 for count, last, _ in results if count == expected and last == expected - 1)
@@ -281,14 +297,20 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
         p99 = latencies[int(len(latencies) * 0.99)] * 1000
         print(f"\n## Live fan-out ({machine()})\n")
         print(
-            "| streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms | gateway peak RSS |"
+            "| streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
+            "| gateway peak RSS | gateway CPU |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         print(
             f"| {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} | {p50:.1f} | {p99:.1f} "
-            f"| {peak / 1024:.0f} MiB |"
+            f"| {peak / 1024:.0f} MiB | {cpu:.0%} of a core |"
         )
-        print(f"\ntask status {final['result']['status']}; latency = client receive time - the tool's timestamp")
+        counts = sorted(count for count, _, _ in results)
+        print(f"\nevents received per stream: min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}")
+        print(
+            f"task status {final['result']['status']}; latency = client receive time - the tool's timestamp, "
+            "taken per delivery from its oldest event"
+        )
 
 
 def main() -> None:

@@ -89,12 +89,21 @@ class EventFrames:
         self._head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
         self._middle = b',"taskId":' + quoted + b","
         self._tail = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}}}}"
+        # The same frame as sse.encode_message(message), split around the varying parts.
+        self._open_frame, self._close_frame = sse.encode_message(self._head + b"\0").split(b"\0")
+        self._close_frame = self._tail + self._close_frame
 
     def message(self, event: StoredEvent) -> bytes:
-        return self._head + str(event.seq).encode() + self._middle + event.body + self._tail
+        return self._head + b"%d" % event.seq + self._middle + event.body + self._tail
 
     def frames(self, events: list[StoredEvent]) -> bytes:
-        return b"".join(sse.encode_message(self.message(event)) for event in events)
+        """SSE frames for a batch, joined once (the replay hot path: no per-event concatenation)."""
+        open_frame, close_frame = self._open_frame, self._close_frame
+        middle = self._middle
+        parts: list[bytes] = []
+        for event in events:
+            parts += (open_frame, b"%d" % event.seq, middle, event.body, close_frame)
+        return b"".join(parts)
 
 
 Write = Callable[[bytes], Awaitable[None]]
