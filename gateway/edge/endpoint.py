@@ -79,6 +79,7 @@ class McpEndpoint:
         self._metrics = metrics
         self._events_enabled = events_enabled
         self._modern_upstream_tasks: bool | None = None
+        self._probe_lock = asyncio.Lock()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -301,22 +302,33 @@ class McpEndpoint:
 
     async def _modern_upstream_has_tasks(self) -> bool:
         """Whether a 2026-07-28 upstream declares the tasks extension, probed once with server/discover."""
-        if self._modern_upstream_tasks is None:
-            probe = {
-                "jsonrpc": "2.0",
-                "id": "mcp-task-gateway-discover",
-                "method": "server/discover",
-                "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
-            }
-            probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
-            async with self._upstream.stateless() as channel:
-                exchange = await channel.request(probe, probe_headers)
+        if self._modern_upstream_tasks is not None:
+            return self._modern_upstream_tasks
+        async with self._probe_lock:  # one probe, however many requests arrive before it answers
+            if self._modern_upstream_tasks is None:
+                self._modern_upstream_tasks = await self._probe_modern_tasks()
+        return self._modern_upstream_tasks
+
+    async def _probe_modern_tasks(self) -> bool:
+        probe = {
+            "jsonrpc": "2.0",
+            "id": "mcp-task-gateway-discover",
+            "method": "server/discover",
+            "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
+        }
+        probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
+        async with self._upstream.stateless() as channel:
+            exchange = await channel.request(probe, probe_headers)
+            try:
                 async with asyncio.timeout(self._config.initialize_timeout_s):
                     final = (await exchange.collect())[-1]
-            result = final.get("result")
-            # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
-            self._modern_upstream_tasks = isinstance(result, dict) and upstream_declares_tasks(result)
-        return self._modern_upstream_tasks
+            except TimeoutError:
+                await exchange.cancel()
+                log.warning("the upstream did not answer server/discover; assuming it has no tasks")
+                return False
+        result = final.get("result")
+        # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
+        return isinstance(result, dict) and upstream_declares_tasks(result)
 
     # -- GET and DELETE (legacy only) -------------------------------------------------------------
 
