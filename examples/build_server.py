@@ -23,10 +23,10 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer, UserMessage
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve, UserMessage
 from mcp.server.mcpserver.prompts.base import Message
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp_types import (
@@ -161,6 +161,42 @@ async def ask_user(ctx: BuildContext, question: str) -> str:
     if result.action == "accept":
         return f"user said: {result.data.answer}"
     return f"user {result.action}"
+
+
+class Confirm(BaseModel):
+    """The form `deploy` elicits before it deploys."""
+
+    confirm: bool = Field(description="Deploy now?")
+    note: str = Field(default="", description="A note for the deploy log")
+
+
+async def ask_confirmation(environment: str, preflight: float) -> Elicit[Confirm]:
+    """`deploy`'s resolver: after `preflight` seconds of checks, ask the user to confirm (a mid-call
+    `elicitation/create` up to 2025-11-25; at 2026-07-28 an `InputRequiredResult`, answered by
+    retrying the call with `inputResponses`, which runs the resolver again)."""
+    await anyio.sleep(preflight)
+    return Elicit(f"Deploy to {environment}?", Confirm)
+
+
+@mcp.tool()
+async def deploy(
+    ctx: BuildContext,
+    environment: str,
+    confirm: Annotated[ElicitationResult[Confirm], Resolve(ask_confirmation)],
+    steps: int = 3,
+    delay: float = 0.1,
+    preflight: float = 0.0,
+) -> str:
+    """Deploy to `environment` once the user confirms: `steps` steps of `delay` seconds, with progress.
+    `preflight` seconds of checks come before the question."""
+    if confirm.action != "accept" or not confirm.data.confirm:
+        return "deployment cancelled"
+    note = f" ({confirm.data.note})" if confirm.data.note else ""
+    await ctx.info(f"deploying to {environment}{note}", logger_name=LOGGER)
+    for i in range(1, steps + 1):
+        await anyio.sleep(delay)
+        await ctx.report_progress(i, steps, f"deploy step {i}/{steps}")
+    return f"deployed to {environment}"
 
 
 @mcp.tool()

@@ -12,12 +12,16 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.sessions")
+
+ResponseRoute = Callable[[Message, Mapping[str, str]], Awaitable[None]]
+"""Where the client's response to a relayed server request goes instead of this session's channel."""
 
 # The standalone GET stream reuses Exchange's bounded, backpressured queue; it never "finishes".
 _GET_STREAM_ID = "__get_stream__"
@@ -38,6 +42,8 @@ class Session:
         """Requests the gateway answers itself, by id, so notifications/cancelled can stop them."""
         self.running_tasks = 0
         """Hosted tasks running on this session's upstream channel: it stays open until they end."""
+        self.response_routes: dict[RequestId, ResponseRoute] = {}
+        """Responses the gateway takes itself, by request id: a hosted task's requests (`respond`)."""
         self._closing = False
         self._metrics = metrics
         self._capacity = capacity
@@ -51,6 +57,14 @@ class Session:
         """Record a server-to-client request relayed to this client, so its response can be routed."""
         if "method" in message and "id" in message:
             self.pending_server_requests.add(message["id"])
+
+    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
+        """Route the client's response to a server request: to a hosted task that asked, else upstream."""
+        route = self.response_routes.pop(message["id"], None)
+        if route is not None:
+            await route(message, headers)
+        else:
+            await self.channel.respond(message, headers)
 
     async def deliver_unsolicited(self, message: Message) -> None:
         stream = self.get_stream

@@ -144,12 +144,16 @@ class McpEndpoint:
                     f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
                 )
             session.pending_server_requests.discard(message["id"])
-            await session.channel.respond(message, headers)
+            await session.respond(message, headers)
             return web.Response(status=202)
         call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
+
+        async def session_channel() -> UpstreamChannel:
+            return session.channel
+
         session.open_streams += 1
         try:
-            return await self._dispatch(call, session.channel, hosting=not session.upstream_has_tasks)
+            return await self._dispatch(call, session_channel, hosting=not session.upstream_has_tasks)
         finally:
             session.open_streams -= 1
             session.touch()

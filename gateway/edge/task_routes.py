@@ -1,15 +1,15 @@
 """The HTTP side of gateway-served task methods: hosted tasks in both dialects, and tasks/stream.
 
 Which requests come here is decided once, in the endpoint. These handlers turn HostedTasks' answers
-into responses, keep a blocked `tasks/result` alive with keep-alives, and run the tasks/stream cursor
-against an SSE response.
+into responses, keep a blocked `tasks/result` alive with keep-alives (and carry the task's requests to
+the client on it), and run the tasks/stream cursor against an SSE response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -31,11 +31,14 @@ from gateway.tasks.hosted import (
     MODERN_TASK_METHODS,
     Caller,
     HostedTasks,
+    UpstreamCall,
     declares_tasks_extension,
     missing_extension,
+    related_outcome,
     unknown_task,
+    wait_any,
 )
-from gateway.tasks.registry import Task
+from gateway.tasks.registry import PendingRequest, Task
 from gateway.upstream.base import UpstreamChannel
 
 
@@ -98,27 +101,63 @@ class TaskRoutes:
             answer = await self.hosted.modern_method(call.caller, call.message)
             return await self._responder(call).finish(answer, call.era)
         if call.method == "tasks/result":
-            return await self._blocking(call, self.hosted.legacy_result(call.caller, call.message))
+            return await self._legacy_result(call)
         answer = await self.hosted.legacy_method(call.caller, call.message)
         return await self._responder(call).finish(answer, call.era)
 
-    async def _blocking(self, call: Call, answer: Awaitable[Message]) -> web.StreamResponse:
-        """Answer when `answer` is ready, with keep-alive comments meanwhile (tasks/result blocks)."""
+    async def _legacy_result(self, call: Call) -> web.StreamResponse:
+        """tasks/result: block until the task is terminal (keep-alives meanwhile), carrying the task's
+        server-to-client requests to the client as they come (SEP-1686 input_required), then answer
+        exactly what the upstream returned."""
+        task = self.hosted.legacy_task(call.caller, call.message)
+        session = call.session
+        assert session is not None
         responder = self._responder(call)
-        pending = asyncio.ensure_future(answer)
+        carrying = True
+
+        def carries() -> bool:
+            return carrying
+
+        claimed = False
+        task.result_streams += 1
         try:
             while True:
-                done, _ = await asyncio.wait({pending}, timeout=self._server.keepalive_s)
-                if done:
-                    return await responder.finish(pending.result(), call.era)
-                await responder.keepalive()
+                for pending in self.hosted.claim_undelivered(task):
+                    self._route_answer(session, task, pending)
+                    pending.carried_by = carries
+                    claimed = True
+                    await responder.send([pending.request])
+                if task.done.is_set():
+                    return await responder.finish(related_outcome(task, call.message["id"]), call.era)
+                if not await wait_any((task.done, task.undelivered), self._server.keepalive_s):
+                    await responder.keepalive()
         except (asyncio.CancelledError, ConnectionResetError):
-            pending.cancel()
-            if responder.abandon() is None:
+            stream = responder.abandon()
+            if stream is None:
                 raise
-            return responder.stream  # type: ignore[return-value]
+            return stream
         finally:
+            carrying = False
+            task.result_streams -= 1
+            if claimed and any(not pending.delivered for pending in task.pending_requests.values()):
+                task.undelivered.set()  # unanswered: another (or the next) tasks/result carries them
             responder.close()
+
+    def _route_answer(self, session: Session, task: Task, pending: PendingRequest) -> None:
+        """The client's response to `pending`, POSTed on `session`, goes to the task (and on upstream)."""
+
+        async def route(message: Message, headers: Mapping[str, str]) -> None:
+            await self.hosted.answer_legacy(task, message, headers)
+
+        session.response_routes[pending.id] = route
+        session.note_outgoing(pending.request)
+
+        def forget() -> None:
+            if session.response_routes.get(pending.id) is route:
+                del session.response_routes[pending.id]
+                session.pending_server_requests.discard(pending.id)
+
+        pending.forget.append(forget)
 
     # -- tools/call as a task --------------------------------------------------------------------
 
@@ -150,7 +189,18 @@ class TaskRoutes:
             status = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.legacy_view()}
             await session.deliver_unsolicited(status)
 
-        answer = await self.hosted.start_legacy(call.caller, channel, call.message, resources, notify_status)
+        async def deliver_input(task: Task, pending: PendingRequest) -> None:
+            # No tasks/result is open for the task: the creating session's GET stream, if it has one.
+            stream = session.get_stream
+            if stream is None:
+                return
+            self._route_answer(session, task, pending)
+            pending.carried_by = lambda: session.get_stream is stream
+            await session.deliver_unsolicited(pending.request)
+
+        answer = await self.hosted.start_legacy(
+            call.caller, channel, call.message, resources, notify_status, deliver_input, call.headers
+        )
         return await self._responder(call).finish(answer, call.era)
 
     async def modern_tool_call(self, call: Call, channel: UpstreamChannel) -> web.StreamResponse | None:
@@ -162,7 +212,8 @@ class TaskRoutes:
         after_s = 0.0 if policy.modern == "always" else policy.after_ms / 1000
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        exchange = await channel.request(self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        exchange = await channel.request(upstream.message, call.headers)
 
         async def take_over(observed: list[Message]) -> Message:
             task = await self.hosted.create(call.caller, call.message)
@@ -170,7 +221,7 @@ class TaskRoutes:
             events = [event for message in observed if (event := capture.from_notification(message)) is not None]
             if events:
                 await self.hosted.registry.record(task, *events)
-            self.hosted.run(task, call.caller, exchange, call.keep_resources())
+            self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
             return self.hosted.modern_created(task, call.message["id"])
 
         def client_asked(message: Message) -> bool:

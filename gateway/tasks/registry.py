@@ -23,7 +23,7 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds
-from gateway.protocol.jsonrpc import Message
+from gateway.protocol.jsonrpc import Message, RequestId
 
 log = logging.getLogger("gateway.tasks")
 
@@ -48,6 +48,54 @@ def iso_now() -> str:
 
 
 StatusListener = Callable[["Task"], Awaitable[None]]
+InputListener = Callable[["Task", "PendingRequest"], Awaitable[None]]
+"""Offers a legacy task's server-to-client request to the client on the owning session's GET stream,
+if it has one (setting `carried_by`); otherwise the request waits for a `tasks/result` stream."""
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """A server-to-client request (elicitation, sampling, ...) a legacy task's upstream call waits on."""
+
+    request: Message
+    """As the client receives it: the upstream's id, with the related-task `_meta` added."""
+    carried_by: Callable[[], bool] | None = None
+    """Whether the stream that carried it to the client is still open (None: not delivered yet)."""
+    forget: list[Callable[[], None]] = field(default_factory=list)
+    """Undo what delivering it registered (the response routes on sessions), once it is settled."""
+
+    @property
+    def id(self) -> RequestId:
+        request_id: RequestId = self.request["id"]
+        return request_id
+
+    @property
+    def delivered(self) -> bool:
+        return self.carried_by is not None and self.carried_by()
+
+    def settle(self) -> None:
+        for forget in self.forget:
+            forget()
+        self.forget.clear()
+
+
+@dataclass(eq=False)
+class InputRound:
+    """One 2026-07-28 `input_required` round of a task's upstream call, answered with `tasks/update`."""
+
+    requests: dict[str, Any]
+    """The upstream's `inputRequests` under the keys the client sees (unique over the task's life)."""
+    upstream_keys: dict[str, str]
+    """Client-facing key -> the upstream's key for this round."""
+    request_state: Any = None
+    responses: dict[str, Any] = field(default_factory=dict)
+    """Answers so far, by client-facing key."""
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once every request of the round has an answer: the gateway retries the call upstream."""
+
+    @property
+    def outstanding(self) -> dict[str, Any]:
+        return {key: request for key, request in self.requests.items() if key not in self.responses}
 
 
 @dataclass(eq=False)
@@ -70,6 +118,17 @@ class Task:
     deleted_log_next_seq: int = 0
     log_deleted: bool = False
     open_streams: int = 0
+    on_input: InputListener | None = None
+    pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
+    """Legacy: the upstream's server-to-client requests still waiting for the client's response."""
+    undelivered: asyncio.Event = field(default_factory=asyncio.Event)
+    """Legacy: set while a pending request waits for a `tasks/result` stream to carry it."""
+    result_streams: int = 0
+    """Legacy: open `tasks/result` requests for this task (they carry its requests to the client)."""
+    input_round: InputRound | None = None
+    """Modern: the current `input_required` round, if any."""
+    input_keys: set[str] = field(default_factory=set)
+    """Modern: every input key the task has shown a client, so a later round never reuses one."""
 
     def __post_init__(self) -> None:
         self.last_updated_at = self.last_updated_at or self.created_at
@@ -78,6 +137,13 @@ class Task:
     @property
     def terminal(self) -> bool:
         return self.status.terminal
+
+    def settle_input(self) -> None:
+        """The task ended: its pending requests will never be answered upstream."""
+        for pending in self.pending_requests.values():
+            pending.settle()
+        self.pending_requests.clear()
+        self.undelivered.clear()
 
     def legacy_view(self) -> dict[str, Any]:
         """The 2025-11-25 (SEP-1686) Task object."""
@@ -94,7 +160,8 @@ class Task:
         return view
 
     def modern_view(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) DetailedTask: the outcome inlined once terminal."""
+        """The 2026-07-28 (SEP-2663) DetailedTask: `inputRequests` while input_required (the outstanding
+        ones), the outcome inlined once terminal."""
         view: dict[str, Any] = {
             "taskId": self.id,
             "status": self.status.value,
@@ -105,6 +172,8 @@ class Task:
         }
         if self.status_message is not None:
             view["statusMessage"] = self.status_message
+        if self.status is TaskStatus.INPUT_REQUIRED:
+            view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
         if self.outcome is not None and self.status is TaskStatus.COMPLETED and "result" in self.outcome:
             view["result"] = self.outcome["result"]
         if self.outcome is not None and self.status is TaskStatus.FAILED and "error" in self.outcome:
@@ -172,6 +241,7 @@ class TaskRegistry:
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         if status.terminal:
             task.outcome = outcome
+            task.settle_input()
             events.append(self.capture.lifecycle("task.terminal", **summarize(status, outcome)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
         # Status first, then the events: a stream that wakes on the append already sees it terminal.
@@ -201,6 +271,7 @@ class TaskRegistry:
             del self._tasks[task.id]
             self._log_expiry.pop(task.id, None)
             task.log_deleted = True
+            task.settle_input()
             if task.cancel is not None and not task.terminal:
                 await task.cancel()
             await self.log.delete(task.id)
