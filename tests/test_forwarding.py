@@ -338,6 +338,27 @@ async def test_elicitation_round_trip(gateway: RunningGateway, action: str, expe
     assert asked[0].message == "Which colour should the build light be?"
 
 
+async def test_concurrent_multi_round_trip_calls_reach_the_process_that_asked(gateway: RunningGateway) -> None:
+    """2026-07-28 MRTR: a call answered with input_required is retried with inputResponses and the
+    echoed requestState. A stdio upstream signs that state with a per-process key, so each retry must
+    reach the pooled process that issued it, even with several calls interleaving."""
+
+    async def confirm(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"confirm": True, "note": ""})
+
+    async def one(environment: str) -> str:
+        async with make_client(gateway.url, "2026-07-28", elicitation_callback=confirm) as client:
+            result = await client.call_tool("deploy", {"environment": environment, "preflight": 0.2, "steps": 1})
+        assert not result.is_error, result
+        assert isinstance(result.content[0], types.TextContent)
+        return result.content[0].text
+
+    environments = [f"env-{i}" for i in range(4)]
+    with anyio.fail_after(TEST_TIMEOUT):
+        results = await asyncio.gather(*(one(environment) for environment in environments))
+    assert results == [f"deployed to {environment}" for environment in environments]
+
+
 def test_direct_target_matches_fixture_upstreams() -> None:
     """The helper that builds the direct side uses the same command the stdio fixtures give the gateway."""
     gw = RunningGateway(url="", base="", proc=None, upstream_cmd=EXAMPLE_SERVER)  # type: ignore[arg-type]

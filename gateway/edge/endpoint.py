@@ -232,7 +232,9 @@ class McpEndpoint:
             # Taken only by requests that reach the upstream, once: a tasks/stream served from the
             # log must not hold a pooled process for as long as it stays open.
             if not leased:
-                leased.append(await call.resources.enter_async_context(self._upstream.stateless()))
+                state = jsonrpc.params_of(message).get("requestState")
+                affinity = state if isinstance(state, str) else None
+                leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
             return leased[0]
 
         try:
@@ -293,6 +295,8 @@ class McpEndpoint:
 
     async def _forward(self, call: Call, channel: UpstreamChannel, transform: Transform | None) -> web.StreamResponse:
         exchange = await channel.request(call.message, call.headers)
+        if call.era is Era.MODERN:
+            transform = self._pinning(channel, transform)
         responder = Responder(call.request, self._metrics)
         return await relay(
             exchange,
@@ -303,6 +307,19 @@ class McpEndpoint:
             session=call.session,
             transform=transform,
         )
+
+    def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
+        """An input_required answer's retry must reach the channel that issued its requestState."""
+
+        def pin(final: Message) -> Message:
+            result = final.get("result")
+            if isinstance(result, dict) and result.get("resultType") == "input_required":
+                state = result.get("requestState")
+                if isinstance(state, str):
+                    self._upstream.pin(state, channel)
+            return transform(final) if transform is not None else final
+
+        return pin
 
     async def _modern_upstream_has_tasks(self) -> bool:
         """Whether a 2026-07-28 upstream declares the tasks extension, probed once with server/discover."""

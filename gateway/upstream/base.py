@@ -155,8 +155,15 @@ class Upstream(ABC):
         """A channel dedicated to one legacy (handshake-era) client session."""
 
     @abstractmethod
-    def stateless(self) -> AbstractAsyncContextManager[UpstreamChannel]:
-        """A channel for one modern (2026-07-28) request, held for that request's lifetime."""
+    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+        """A channel for one modern (2026-07-28) request, held for that request's lifetime.
+
+        `affinity` is a multi-round-trip request's echoed `requestState`: its retry must reach the
+        conversation that issued the state (see `pin`)."""
+
+    @abstractmethod
+    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
+        """Remember that `channel` issued `affinity` (a `requestState`), for `stateless(affinity)`."""
 
     @abstractmethod
     async def start(self) -> None:

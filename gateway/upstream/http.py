@@ -498,10 +498,13 @@ class HttpUpstream(Upstream):
         return channel
 
     @contextlib.asynccontextmanager
-    async def stateless(self) -> AsyncIterator[HttpChannel]:
+    async def stateless(self, affinity: str | None = None) -> AsyncIterator[HttpChannel]:
         if self._shared is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
         yield self._shared
+
+    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
+        """Nothing to do: every stateless request reaches the same upstream endpoint."""
 
     def _channel(self, era: Era) -> HttpChannel:
         if self._client is None:

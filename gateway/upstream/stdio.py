@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from cachetools import TTLCache
 
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
@@ -36,6 +37,9 @@ from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, Upstre
 log = logging.getLogger("gateway.upstream.stdio")
 
 SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+
+PINNED_STATE_TTL_S = 600.0
+"""How long a requestState keeps its process pinned (the SDK's own requestState lifetime)."""
 
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
@@ -284,6 +288,8 @@ class StdioChannel(UpstreamChannel):
         self._handshake: list[Message] = []
         self._unsolicited: UnsolicitedHandler | None = None
         self._closed = False
+        self.lease = asyncio.Lock()
+        """Held by the one stateless request using this channel."""
 
     @property
     def pid(self) -> int | None:
@@ -362,6 +368,7 @@ class StdioUpstream(Upstream):
         self._slots = asyncio.Semaphore(config.max_processes)
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
+        self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
 
     def new_process(self) -> StdioProcess:
         return StdioProcess(self._command, self._config, self._metrics, self._capacity)
@@ -399,15 +406,33 @@ class StdioUpstream(Upstream):
         return await self._new_channel(0)
 
     @asynccontextmanager
-    async def stateless(self) -> AsyncIterator[UpstreamChannel]:
-        channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
+    async def stateless(self, affinity: str | None = None) -> AsyncIterator[UpstreamChannel]:
+        channel = self._pinned.get(affinity) if affinity is not None else None
+        if channel is None or not channel.reusable:
+            channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
+        elif channel in self._idle:
+            self._idle.remove(channel)
+        try:
+            # A pinned process may be serving another request: a retry waits its turn on it.
+            async with asyncio.timeout(self._config.acquire_timeout_s):
+                await channel.lease.acquire()
+        except TimeoutError:
+            raise UpstreamBusy("the upstream process that issued this requestState stayed busy") from None
         try:
             yield channel
         finally:
-            if channel.reusable and len(self._idle) < self._config.idle_processes:
-                self._idle.append(channel)
-            else:
+            channel.lease.release()
+            pinned = channel in self._pinned.values()
+            if channel.reusable and (pinned or len(self._idle) < self._config.idle_processes):
+                if channel not in self._idle and not channel.lease.locked():
+                    self._idle.append(channel)
+            elif not channel.lease.locked():
                 await channel.close()
+
+    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
+        # The SDK signs requestState with a per-process key: only the issuing process accepts it.
+        if isinstance(channel, StdioChannel):
+            self._pinned[affinity] = channel
 
     async def close(self) -> None:
         channels = list(self._channels)
