@@ -33,6 +33,7 @@ class ServerConfig(_Section):
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
     exchange_capacity: int = Field(default=1024, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
+    flush_interval_ms: float = Field(default=2.0, ge=0)
 
     @field_validator("listen")
     @classmethod
@@ -164,6 +165,7 @@ class TasksConfig(_Section):
     max_streams_per_task: int = Field(default=1000, gt=0)
     stream_write_timeout_s: float = Field(default=30.0, gt=0)
     replay_batch: int = Field(default=256, gt=0)
+    stream_flush_interval_ms: float = Field(default=20.0, ge=0)
 
     @model_validator(mode="after")
     def _ttl_order(self) -> TasksConfig:

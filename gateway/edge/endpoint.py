@@ -306,6 +306,7 @@ class McpEndpoint:
             self._config.keepalive_s,
             session=call.session,
             transform=transform,
+            flush_interval_s=self._config.flush_interval_ms / 1000,
         )
 
     def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:

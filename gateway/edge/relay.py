@@ -50,7 +50,7 @@ async def relay(
     session: Session | None = None,
     transform: Transform | None = None,
     handoff: Handoff | None = None,
-    flush_interval_s: float = 0.002,
+    flush_interval_s: float,
 ) -> web.StreamResponse:
     started = time.perf_counter()
     pacer = WritePacer(flush_interval_s)

@@ -232,7 +232,13 @@ class TaskRoutes:
 
         handoff = Handoff(time.monotonic() + after_s, take_over, client_asked)
         return await relay(
-            exchange, self._responder(call), call.era, self._metrics, self._server.keepalive_s, handoff=handoff
+            exchange,
+            self._responder(call),
+            call.era,
+            self._metrics,
+            self._server.keepalive_s,
+            handoff=handoff,
+            flush_interval_s=self._server.flush_interval_ms / 1000,
         )
 
     # -- tasks/stream ----------------------------------------------------------------------------
@@ -313,6 +319,7 @@ class TaskRoutes:
                 keepalive_s=self._server.keepalive_s,
                 batch=self._tasks.replay_batch,
                 on_batch=progress if token is not None else None,
+                flush_interval_s=self._tasks.stream_flush_interval_ms / 1000,
             )
             if stop.is_set():
                 final = jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")

@@ -120,7 +120,7 @@ async def run_stream(
     keepalive_s: float,
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
-    flush_interval_s: float = 0.02,
+    flush_interval_s: float,
 ) -> Message | ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
