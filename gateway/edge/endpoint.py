@@ -132,7 +132,7 @@ class McpEndpoint:
     ) -> web.StreamResponse:
         if kind is Kind.REQUEST and message["method"] == "initialize":
             return await self._initialize(request, message, headers)
-        session = self._session_for(request)
+        session = await self._session_for(request)
         if kind is Kind.NOTIFICATION:
             if not self._cancel_local(session, message):
                 await session.channel.notify(message, headers)
@@ -354,7 +354,7 @@ class McpEndpoint:
 
     # -- GET and DELETE (legacy only) -------------------------------------------------------------
 
-    def _session_for(self, request: web.Request) -> Session:
+    async def _session_for(self, request: web.Request) -> Session:
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None:
             raise ProtocolError(
@@ -362,6 +362,9 @@ class McpEndpoint:
                 f"Bad Request: missing {SESSION_HEADER} header; start a session with initialize first",
             )
         session = self._sessions.get(session_id)
+        if session is not None and session.channel.lost:
+            await self._sessions.close(session.id)
+            session = None
         if session is None:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST,
@@ -372,7 +375,7 @@ class McpEndpoint:
 
     async def _get_stream(self, request: web.Request) -> web.StreamResponse:
         checks.check_accept_stream(request.headers.get("Accept"))
-        session = self._session_for(request)
+        session = await self._session_for(request)
         stream = session.open_get_stream()
         if stream is None:
             raise ProtocolError(
@@ -397,7 +400,7 @@ class McpEndpoint:
         return responder.stream
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
-        session = self._session_for(request)
+        session = await self._session_for(request)
         await self._sessions.close(session.id)
         return web.Response(status=200)
 

@@ -126,6 +126,10 @@ class Exchange:
 class UpstreamChannel(ABC):
     """One upstream conversation. Headers are the client's forwardable MCP headers (HTTP links use them)."""
 
+    lost = False
+    """The upstream ended this conversation (an HTTP upstream answered 404 for its session): the client
+    session built on it must end too, so the client initializes again."""
+
     @abstractmethod
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
         """Send a request upstream. Failures arrive as a JSON-RPC error on the exchange, never as exceptions."""

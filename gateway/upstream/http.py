@@ -225,6 +225,8 @@ class HttpChannel(UpstreamChannel):
         try:
             async with response:
                 if not 200 <= response.status < 300:
+                    if response.status == 404 and self._session_id is not None:
+                        self.lost = True
                     await self._deliver_http_error(exchange, response)
                     return True
                 content_type = response.content_type.lower()
