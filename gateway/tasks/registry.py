@@ -10,6 +10,7 @@ event logs `terminal_retention_s` after they end (whichever comes first).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
@@ -192,6 +193,7 @@ class TaskRegistry:
         self.log = event_log
         self.capture = capture
         self._tasks: dict[str, Task] = {}
+        self._per_owner: collections.Counter[str] = collections.Counter()
         self._log_expiry: dict[str, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -199,13 +201,14 @@ class TaskRegistry:
         return len(self._tasks)
 
     async def create(self, owner: str, tool: str, requested_ttl_ms: object, **created: Any) -> Task:
-        if sum(1 for task in self._tasks.values() if task.owner == owner) >= self._config.max_tasks_per_owner:
+        if self._per_owner[owner] >= self._config.max_tasks_per_owner:
             raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks")
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
             ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
         task = Task(secrets.token_hex(16), owner, tool, ttl, self._config.poll_interval_ms)
         self._tasks[task.id] = task
+        self._per_owner[owner] += 1
         await self.log.create(task.id)
         await self.record(task, self.capture.lifecycle("task.created", tool=tool, status=task.status.value, **created))
         return task
@@ -269,6 +272,7 @@ class TaskRegistry:
                 await self._delete_log(task_id)
         for task in [task for task in self._tasks.values() if task.expires_at <= now]:
             del self._tasks[task.id]
+            self._per_owner[task.owner] -= 1
             self._log_expiry.pop(task.id, None)
             task.log_deleted = True
             task.settle_input()

@@ -1,0 +1,59 @@
+"""Unit tests of the task registry: ownership, the per-caller limit, TTL expiry and the log it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.config import Config
+from gateway.events.capture import Capture
+from gateway.events.log import MemoryEventLog
+from gateway.tasks.registry import TaskLimitReached, TaskRegistry, TaskStatus
+
+
+def registry(**tasks: object) -> TaskRegistry:
+    config = Config.model_validate({"tasks": tasks})
+    capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    return TaskRegistry(config.tasks, config.retention, MemoryEventLog(100), capture)
+
+
+async def test_a_task_is_visible_only_to_its_owner() -> None:
+    tasks = registry()
+    task = await tasks.create("alice", "build", None)
+    assert tasks.get("alice", task.id) is task
+    assert tasks.get("bob", task.id) is None
+    assert tasks.get("alice", "no-such-id") is None
+    assert tasks.owned_by("bob") == []
+
+
+async def test_the_per_caller_limit_holds_and_frees_on_expiry() -> None:
+    tasks = registry(max_tasks_per_owner=2)
+    first = await tasks.create("alice", "build", 50)
+    await tasks.create("alice", "build", 60_000)
+    with pytest.raises(TaskLimitReached):
+        await tasks.create("alice", "build", None)
+    await tasks.create("bob", "build", None)  # another caller has a limit of their own
+    await asyncio.sleep(0.1)
+    await tasks.sweep_once()  # the 50 ms task expired
+    assert tasks.get("alice", first.id) is None
+    await tasks.create("alice", "build", None)
+
+
+async def test_requested_ttl_is_capped_and_defaulted() -> None:
+    tasks = registry(default_ttl_ms=1000, max_ttl_ms=5000)
+    assert (await tasks.create("a", "t", 10_000_000)).ttl_ms == 5000
+    assert (await tasks.create("a", "t", None)).ttl_ms == 1000
+    assert (await tasks.create("a", "t", True)).ttl_ms == 1000  # a boolean is not a TTL
+
+
+async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None:
+    tasks = registry()
+    task = await tasks.create("a", "t", None)
+    assert await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"jsonrpc": "2.0", "id": 1, "result": {}})
+    assert not await tasks.set_status(task, TaskStatus.FAILED, "late")
+    assert task.status is TaskStatus.COMPLETED and task.done.is_set()
+    bounds = await tasks.bounds(task)
+    events = await tasks.log.read(task.id, -1, 10)
+    assert bounds.next_seq == len(events) == 3  # created, status, terminal
+    assert b"task.terminal" in events[-1].body
