@@ -25,6 +25,7 @@ streams run in both eras, since a task belongs to its caller, not to a session o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import socket
 import time
@@ -552,18 +553,24 @@ async def test_a_task_outlives_the_session_that_created_it(
         assert marker_lines(marker)[-1:] == ["finished"], marker_lines(marker)
 
 
+@contextlib.asynccontextmanager
+async def gateway_session(config: str, seconds: float = 90) -> AsyncIterator[tuple[Client, Message]]:
+    """A gateway started with `config` and a legacy client on it, initialized (and its result)."""
+    async with (
+        asyncio.timeout(seconds),
+        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
+    ):
+        client = Client(session, gateway.url)
+        yield client, await client.initialize()
+
+
 # -- configuration: retention, payload limit, [events], [[rules]] -------------------------------------
 
 
 async def test_retention_trimming_reports_events_gone_with_the_exact_earliest_seq() -> None:
     config = f'[events]\nprefix = "{PREFIX}"\n[retention]\nmax_events_per_task = 50\n'
-    async with (
-        asyncio.timeout(90),
-        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
-        client = Client(session, gateway.url)
-        init = await client.initialize()
+    async with gateway_session(config) as (client, init):
         assert init["result"]["capabilities"]["tasks"]["eventStreams"]["maxEventsPerTask"] == 50
         task_id = await create_task(client, "burst", {"n": 500})
         # A reader that starts at once either keeps up or is told events_gone: never a silent jump.
@@ -586,7 +593,7 @@ async def test_retention_trimming_reports_events_gone_with_the_exact_earliest_se
             error = error_of(reply.final)
             assert error["code"] == -32010, error
             assert error["data"] == {"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest}, error
-        modern = Client(session, gateway.url, MODERN)
+        modern = Client(client.http, client.url, MODERN)
         reply = await modern.request("tasks/stream", {"taskId": task_id, "after": 5})
         assert error_of(reply.final)["data"]["earliestSeq"] == earliest, reply.messages
 
@@ -616,15 +623,9 @@ async def test_modern_streams_do_not_hold_upstream_processes() -> None:
     """A 2026-07-28 tasks/stream is served from the event log: open streams must not use up the
     upstream's process pool (here 3 processes) and lock every other 2026-07-28 request out."""
     config = "[upstream.stdio]\nmax_processes = 3\nacquire_timeout_s = 2\n"
-    async with (
-        asyncio.timeout(90),
-        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
-        client = Client(session, gateway.url)
-        await client.initialize()
+    async with gateway_session(config) as (client, _):
         task_id = await create_task(client, "slow_build", {"steps": 30, "delay": 0.1})
-        modern = Client(session, gateway.url, MODERN)
+        modern = Client(client.http, client.url, MODERN)
         streams: list[Reply] = []
         try:
             for _ in range(4):
@@ -642,13 +643,7 @@ async def test_modern_streams_do_not_hold_upstream_processes() -> None:
 async def test_an_oversized_payload_becomes_payload_omitted_and_seq_stays_gap_free() -> None:
     limit = 64
     config = f'[events]\nprefix = "{PREFIX}"\n[retention]\nmax_payload_bytes = {limit}\n'
-    async with (
-        asyncio.timeout(90),
-        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
-        client = Client(session, gateway.url)
-        await client.initialize()
+    async with gateway_session(config) as (client, _):
         task_id = await create_task(client, "slow_build", {"steps": 2, "delay": 0.01})
         await client.request("tasks/result", {"taskId": task_id})
         reply = await (await stream(client, task_id)).rest()
@@ -671,18 +666,12 @@ async def test_an_oversized_payload_becomes_payload_omitted_and_seq_stays_gap_fr
 
 async def test_events_disabled_means_no_tasks_stream() -> None:
     config = "[events]\nenabled = false\n"
-    async with (
-        asyncio.timeout(60),
-        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
-        client = Client(session, gateway.url)
-        init = await client.initialize()
+    async with gateway_session(config, 60) as (client, init):
         assert "eventStreams" not in init["result"]["capabilities"]["tasks"], init
         task_id = await create_task(client, "echo", {"text": "x"})
         reply = await client.request("tasks/stream", {"taskId": task_id})
         assert reply.status == 200 and error_of(reply.final)["code"] == -32601, reply.messages
-        reply = await Client(session, gateway.url, MODERN).request("tasks/stream", {"taskId": task_id})
+        reply = await Client(client.http, client.url, MODERN).request("tasks/stream", {"taskId": task_id})
         assert reply.status == 404 and error_of(reply.final)["code"] == -32601, reply.messages
         # Tasks themselves still work.
         assert (await client.result("tasks/result", {"taskId": task_id}))["content"][0]["text"] == "x"
@@ -702,13 +691,7 @@ method = "notifications/progress"
 type = "step"
 fields = ["progress", "total"]
 """
-    async with (
-        asyncio.timeout(60),
-        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway,
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session,
-    ):
-        client = Client(session, gateway.url)
-        await client.initialize()
+    async with gateway_session(config, 60) as (client, _):
         task_id = await create_task(client, "slow_build", {"steps": 3, "delay": 0.01})
         await client.request("tasks/result", {"taskId": task_id})
         reply = await (await stream(client, task_id)).rest()
