@@ -1,0 +1,390 @@
+"""The gateway in front of an upstream that already implements 2025-11-25 Tasks: it forwards them.
+
+The upstream is the real `@modelcontextprotocol/server-everything` (version pinned in the Makefile,
+installed by `make node_modules`), on stdio and on Streamable HTTP. Its `simulate-research-query` tool
+is `execution.taskSupport: "required"` and runs four 1 s stages (see docs/notes/server-everything-wire.md).
+
+Each behaviour is checked through the gateway and against a direct run of the same calls (raw pipes for
+stdio, raw aiohttp for HTTP), compared after `normalized()`: it replaces task ids (`taskId`, also inside
+`_meta["io.modelcontextprotocol/related-task"]`) and the `createdAt` / `lastUpdatedAt` timestamps with
+placeholders, and nothing else. The gateway may add `eventStreams` inside `capabilities.tasks`.
+
+Node and the package are not optional: without them every test fails with a message saying how to
+install them (CI runs `make test`, which installs the package).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, wait_for_port
+from tests.wire import LEGACY, Client, Message
+
+PACKAGE = "@modelcontextprotocol/server-everything"
+PACKAGE_DIR = ROOT / "node_modules" / "@modelcontextprotocol" / "server-everything"
+ENTRY = PACKAGE_DIR / "dist" / "index.js"
+TOOL = "simulate-research-query"
+TASK_PARAMS = {"ttl": 60000}
+CALL_TIMEOUT = 15.0
+"""Seconds any single request may take (tasks/result waits out the tool's ~4 s of stages)."""
+
+CLIENT_CAPABILITIES: dict[str, Any] = {"elicitation": {}}
+"""Declared by every session here (direct and through the gateway): the tool only asks when it is."""
+
+Call = Callable[[str, dict[str, Any] | None], Awaitable[Message]]
+"""Send one request, return its JSON-RPC response (the final message)."""
+
+
+def pinned_version() -> str:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    match = re.search(rf"^SERVER_EVERYTHING\s*:=\s*{re.escape(PACKAGE)}@(\S+)\s*$", text, re.MULTILINE)
+    assert match, f"the Makefile pins no {PACKAGE} version (SERVER_EVERYTHING := {PACKAGE}@X)"
+    return match.group(1)
+
+
+def node_command() -> list[str]:
+    """`node` and the package entry point, or fail the test saying how to get them."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail(f"node is not on PATH: install Node.js 20+ and npm, then `make node_modules` ({PACKAGE})")
+    wanted = pinned_version()
+    manifest = PACKAGE_DIR / "package.json"
+    if not manifest.is_file():
+        pytest.fail(f"{PACKAGE}@{wanted} is not installed in {ROOT / 'node_modules'}: run `make node_modules`")
+    installed = json.loads(manifest.read_text(encoding="utf-8")).get("version")
+    if installed != wanted:
+        pytest.fail(
+            f"{PACKAGE} {installed} is installed but the Makefile pins {wanted}: "
+            f"rm -rf node_modules && make node_modules"
+        )
+    return [node, str(ENTRY)]
+
+
+_PLACEHOLDERS = {"taskId": "<taskId>", "createdAt": "<createdAt>", "lastUpdatedAt": "<lastUpdatedAt>"}
+
+
+def normalized(value: Any) -> Any:
+    """`value` with task ids and the two task timestamps replaced by placeholders (nothing else)."""
+    if isinstance(value, dict):
+        return {k: _PLACEHOLDERS[k] if k in _PLACEHOLDERS else normalized(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalized(v) for v in value]
+    return value
+
+
+def body(message: Message) -> Any:
+    """A response without its envelope: the result, or the error."""
+    assert "result" in message or "error" in message, message
+    return normalized(message.get("result", message.get("error")))
+
+
+# -- the two ways to talk to the server directly --------------------------------------------------
+
+
+class StdioDirect:
+    """server-everything on raw stdio pipes: newline-delimited JSON-RPC, one request at a time."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.notifications: list[Message] = []
+        self._next = 0
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> Message:
+        self._next += 1
+        message: Message = {"jsonrpc": "2.0", "id": self._next, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self._write(message)
+        async with asyncio.timeout(CALL_TIMEOUT):
+            while True:
+                line = await self.proc.stdout.readline()  # type: ignore[union-attr]
+                assert line, f"server-everything closed stdout (exit {self.proc.returncode}) during {method}"
+                received: Message = json.loads(line)
+                if "method" not in received and received.get("id") == self._next:
+                    return received
+                assert "id" not in received, f"unexpected server request {received}"
+                self.notifications.append(received)
+
+    async def notify(self, method: str) -> None:
+        await self._write({"jsonrpc": "2.0", "method": method})
+
+    async def _write(self, message: Message) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+
+@contextlib.asynccontextmanager
+async def stdio_direct(tmp: Path) -> AsyncIterator[tuple[Call, Message]]:
+    """An initialized direct stdio session; stderr goes to a file so no pipe can fill."""
+    with (tmp / "direct-stdio.log").open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *node_command(),
+            "stdio",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+            limit=1 << 22,
+        )
+    try:
+        direct = StdioDirect(proc)
+        init = await direct.call("initialize", initialize_params())
+        assert "result" in init, init
+        await direct.notify("notifications/initialized")
+        yield direct.call, init
+    finally:
+        await stop(proc)
+
+
+@contextlib.asynccontextmanager
+async def http_direct(http: aiohttp.ClientSession, url: str) -> AsyncIterator[tuple[Call, Message]]:
+    """An initialized direct Streamable HTTP session (raw aiohttp via tests.wire.Client)."""
+    client = Client(http, url, LEGACY)
+    init = await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+    try:
+        yield client_call(client), init
+    finally:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await asyncio.wait_for(client.delete(), STOP_TIMEOUT)
+
+
+def client_call(client: Client) -> Call:
+    async def call(method: str, params: dict[str, Any] | None = None) -> Message:
+        reply = await asyncio.wait_for(client.request(method, params), CALL_TIMEOUT)
+        assert reply.status == 200, (method, reply.status, reply.messages)
+        return reply.final
+
+    return call
+
+
+def initialize_params() -> dict[str, Any]:
+    return {
+        "protocolVersion": LEGACY,
+        "capabilities": CLIENT_CAPABILITIES,
+        "clientInfo": {"name": "wire", "version": "0"},
+    }
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def http_upstream(tmp: Path) -> AsyncIterator[str]:
+    """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on a free port."""
+    port = free_port()
+    with (tmp / "upstream-http.log").open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *node_command(),
+            "streamableHttp",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PORT": str(port)},
+            start_new_session=True,
+        )
+    try:
+        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        await stop(proc)
+
+
+# -- one fixture: a gateway session and a direct session to the same kind of upstream -------------
+
+
+class Pair:
+    """One initialized session through the gateway and one straight to an upstream of the same kind."""
+
+    def __init__(self, kind: str, client: Client, gateway_init: Message, direct: Call, direct_init: Message) -> None:
+        self.kind = kind
+        self.client = client
+        self.gateway = client_call(client)
+        self.gateway_init = gateway_init
+        self.direct = direct
+        self.direct_init = direct_init
+
+
+@pytest.fixture(params=["stdio", "http"])
+async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Pair]:
+    kind: str = request.param
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
+        if kind == "stdio":
+            gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*node_command(), "stdio"]))
+            direct, direct_init = await stack.enter_async_context(stdio_direct(tmp_path))
+        else:
+            url = await stack.enter_async_context(http_upstream(tmp_path))
+            gw = await stack.enter_async_context(start_gateway(upstream_url=url))
+            direct, direct_init = await stack.enter_async_context(http_direct(http, url))
+        client = Client(http, gw.url, LEGACY)
+        init = await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+        yield Pair(kind, client, init, direct, direct_init)
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await asyncio.wait_for(client.delete(), STOP_TIMEOUT)
+
+
+async def research_tool(call: Call) -> dict[str, Any]:
+    """The tool's tools/list entry. The server registers it once `notifications/initialized` is handled,
+    which a forwarded notification does not wait for, so tools/list is retried for up to 5 s."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        final = await call("tools/list", None)
+        tools: dict[str, dict[str, Any]] = {tool["name"]: tool for tool in final["result"]["tools"]}
+        if TOOL in tools or time.monotonic() >= deadline:
+            assert TOOL in tools, sorted(tools)
+            return tools[TOOL]
+        await asyncio.sleep(0.1)
+
+
+async def start_research(call: Call, topic: str, *, ambiguous: bool = False) -> Message:
+    await research_tool(call)
+    arguments = {"topic": topic, "ambiguous": True} if ambiguous else {"topic": topic}
+    return await call("tools/call", {"name": TOOL, "arguments": arguments, "task": TASK_PARAMS})
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+async def test_initialize_and_tools_list_keep_upstream_tasks(pair: Pair) -> None:
+    upstream = pair.direct_init["result"]
+    via_gateway = pair.gateway_init["result"]
+    assert upstream["capabilities"]["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    tasks = dict(via_gateway["capabilities"]["tasks"])
+    tasks.pop("eventStreams", None)  # the one thing the gateway may add
+    assert tasks == upstream["capabilities"]["tasks"]
+    assert {**via_gateway, "capabilities": {}} == {**upstream, "capabilities": {}}
+    assert {k: v for k, v in via_gateway["capabilities"].items() if k != "tasks"} == {
+        k: v for k, v in upstream["capabilities"].items() if k != "tasks"
+    }
+
+    # tools/list (same session): simulate-research-query's execution.taskSupport as the upstream sent it.
+    upstream, via_gateway = await asyncio.gather(research_tool(pair.direct), research_tool(pair.gateway))
+    assert upstream["execution"] == {"taskSupport": "required"}
+    assert via_gateway == upstream
+    assert "ambiguous" in via_gateway["inputSchema"]["properties"]
+
+
+async def test_task_augmented_call_completes_like_direct(pair: Pair) -> None:
+    async def run(call: Call) -> dict[str, Any]:
+        created = await start_research(call, "tides")
+        task_id = created["result"]["task"]["taskId"]
+        running = await call("tasks/get", {"taskId": task_id})
+        result = await call("tasks/result", {"taskId": task_id})
+        done = await call("tasks/get", {"taskId": task_id})
+        listed = await call("tasks/list", None)
+        return {
+            "task_id": task_id,
+            "created": created,
+            "running": running,
+            "result": result,
+            "done": done,
+            "listed": listed,
+        }
+
+    direct, gw = await asyncio.gather(run(pair.direct), run(pair.gateway))
+
+    created = gw["created"]["result"]["task"]
+    assert created["status"] == "working" and created["pollInterval"] == 1000, created
+    assert isinstance(created["taskId"], str) and created["taskId"]
+    assert body(gw["created"]) == body(direct["created"])
+
+    running = gw["running"]["result"]
+    assert running["taskId"] == gw["task_id"] and running["status"] == "working", running
+    # Mid-run, only the shape is stable: statusMessage moves with the tool's 1 s stages.
+    assert set(running) == set(direct["running"]["result"])
+
+    final = gw["result"]["result"]
+    assert final["content"][0]["type"] == "text" and "# Research Report: tides" in final["content"][0]["text"]
+    assert final["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == gw["task_id"]
+    assert body(gw["result"]) == body(direct["result"])
+
+    assert gw["done"]["result"]["status"] == "completed"
+    assert body(gw["done"]) == body(direct["done"])
+    assert [t["taskId"] for t in gw["listed"]["result"]["tasks"]] == [gw["task_id"]]
+    assert body(gw["listed"]) == body(direct["listed"])
+
+
+async def test_tasks_cancel_stops_it_midway(pair: Pair) -> None:
+    async def run(call: Call) -> dict[str, Any]:
+        created = await start_research(call, "cancel me")
+        task_id = created["result"]["task"]["taskId"]
+        await asyncio.sleep(1.2)  # into the second of four 1 s stages
+        cancelled = await call("tasks/cancel", {"taskId": task_id})
+        await asyncio.sleep(3.0)  # past where the tool would have completed
+        after = await call("tasks/get", {"taskId": task_id})
+        result = await call("tasks/result", {"taskId": task_id})
+        return {"task_id": task_id, "cancelled": cancelled, "after": after, "result": result}
+
+    direct, gw = await asyncio.gather(run(pair.direct), run(pair.gateway))
+
+    cancelled = gw["cancelled"]["result"]
+    assert cancelled["taskId"] == gw["task_id"] and cancelled["status"] == "cancelled", cancelled
+    assert body(gw["cancelled"]) == body(direct["cancelled"])
+    assert gw["after"]["result"]["status"] == "cancelled"
+    assert body(gw["after"]) == body(direct["after"])
+    # The tool stored no result: the server answers tasks/result with an error, the same through the gateway.
+    assert gw["result"]["error"]["code"] == direct["result"]["error"]["code"] == -32603
+    assert body(gw["result"]) == {
+        **body(direct["result"]),
+        "message": f"Task {gw['task_id']} has no result stored",
+    }
+    assert direct["result"]["error"]["message"] == f"Task {direct['task_id']} has no result stored"
+
+
+async def test_ambiguous_query_elicits_through_the_gateway(pair: Pair) -> None:
+    """`ambiguous: true`: the task goes input_required; tasks/result carries the server's
+    elicitation/create; the answer POSTed to the gateway reaches the upstream and the task completes."""
+    created = await start_research(pair.gateway, "python", ambiguous=True)
+    task_id = created["result"]["task"]["taskId"]
+    deadline = time.monotonic() + 6.0  # the tool asks at its third 1 s stage
+    while (status := (await pair.gateway("tasks/get", {"taskId": task_id}))["result"]["status"]) == "working":
+        assert time.monotonic() < deadline, "the task never left working"
+        await asyncio.sleep(0.2)
+    assert status == "input_required"
+
+    reply = await pair.client.open("tasks/result", {"taskId": task_id})
+    try:
+        async with asyncio.timeout(CALL_TIMEOUT):
+            elicitation = await reply.next()
+            assert elicitation is not None and elicitation.get("method") == "elicitation/create", reply.messages
+            params = elicitation["params"]
+            assert params["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+            choices = params["requestedSchema"]["properties"]["interpretation"]["oneOf"]
+            assert {"const": "snake", "title": "Python snake species"} in choices
+            answer = {"jsonrpc": "2.0", "id": elicitation["id"], "result": {"action": "accept", "content": {}}}
+            answer["result"]["content"] = {"interpretation": "snake"}
+            sent = await pair.client.send(answer)
+            await sent.response.read()
+            sent.close()
+            assert sent.status == 202
+            await reply.rest()
+    finally:
+        reply.close()
+    final = reply.final["result"]
+    assert final["content"][0]["text"].startswith("# Research Report: python (snake)\n"), final
+    assert (await pair.gateway("tasks/get", {"taskId": task_id}))["result"]["status"] == "completed"
