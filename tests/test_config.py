@@ -36,6 +36,16 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
         ("[upstream]\nurl = 'ftp://x'\n", "upstream.url"),
         ("[upstream]\nurl = 'http://x'\ncommand = 'y'\n", "either 'url' or 'command'"),
         ("[upstream.stdio]\nmax_processes = 0\n", "upstream.stdio.max_processes"),
+        ("[[rules]]\nmethod = 'notifications/progress'\n", "rules.0: Value error, 'type' is required"),
+        (
+            "[[rules]]\nmethod = 'x'\ntype = 'a'\n[[rules]]\nmethod = 'y'\ndrop = true\ntype = 'b'\n",
+            "rules.1: Value error, a rule with drop = true takes no 'type'",
+        ),
+        (
+            "[[rules]]\nmethod = 'x'\ntype = 'bad type'\n",
+            "rules.0: Value error, 'type' 'bad type' must be dot-separated labels without spaces",
+        ),
+        ("[events]\nprefix = 'nodots'\n", "events.prefix"),
         ("[server\n", "not valid TOML"),
     ],
 )

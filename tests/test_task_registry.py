@@ -12,10 +12,10 @@ from gateway.events.log import MemoryEventLog
 from gateway.tasks.registry import TaskLimitReached, TaskRegistry, TaskStatus
 
 
-def registry(**tasks: object) -> TaskRegistry:
+def registry(record_events: bool = True, **tasks: object) -> TaskRegistry:
     config = Config.model_validate({"tasks": tasks})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    return TaskRegistry(config.tasks, config.retention, MemoryEventLog(100), capture)
+    return TaskRegistry(config.tasks, config.retention, MemoryEventLog(100), capture, record_events=record_events)
 
 
 async def test_a_task_is_visible_only_to_its_owner() -> None:
@@ -57,3 +57,11 @@ async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None
     events = await tasks.log.read(task.id, -1, 10)
     assert bounds.next_seq == len(events) == 3  # created, status, terminal
     assert b"task.terminal" in events[-1].body
+
+
+async def test_with_events_disabled_nothing_is_recorded() -> None:
+    tasks = registry(record_events=False)
+    task = await tasks.create("a", "t", None)
+    await tasks.set_status(task, TaskStatus.FAILED, "boom")
+    assert task.status is TaskStatus.FAILED
+    assert (await tasks.bounds(task)).next_seq == 0

@@ -187,8 +187,17 @@ class TaskLimitReached(Exception):
 
 
 class TaskRegistry:
-    def __init__(self, config: TasksConfig, retention: RetentionConfig, event_log: EventLog, capture: Capture):
+    def __init__(
+        self,
+        config: TasksConfig,
+        retention: RetentionConfig,
+        event_log: EventLog,
+        capture: Capture,
+        *,
+        record_events: bool = True,
+    ) -> None:
         self._config = config
+        self._record_events = record_events
         self._retention = retention
         self.log = event_log
         self.capture = capture
@@ -227,7 +236,8 @@ class TaskRegistry:
         return [task for task in self._tasks.values() if task.owner == owner]
 
     async def record(self, task: Task, *events: TaskEvent) -> None:
-        if task.log_deleted:  # appending again would restart the deleted log at seq 0
+        # With [events] enabled = false nothing is kept; and a deleted log must not restart at seq 0.
+        if not self._record_events or task.log_deleted:
             return
         await self.log.append(task.id, [self.capture.encode(event) for event in events])
 
