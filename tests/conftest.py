@@ -28,7 +28,9 @@ from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
+import pytest_asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -294,3 +296,10 @@ def pytest_runtest_makereport(
             if isinstance(value, RunningGateway):
                 report.sections.append((f"gateway output ({name}, {value.url})", value.output_text() or "(none)"))
     return report
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """One aiohttp session for a test module's raw-protocol requests."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        yield session

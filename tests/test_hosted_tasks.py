@@ -77,12 +77,6 @@ async def gw() -> AsyncIterator[RunningGateway]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
-        yield session
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def legacy_session(gw: RunningGateway, http: aiohttp.ClientSession) -> AsyncIterator[tuple[Client, Message]]:
     """One legacy session for the module (each session costs an upstream process) and its initialize."""
     client = Client(http, gw.url)

@@ -72,12 +72,6 @@ async def gw_http(example_http_url: str) -> AsyncIterator[RunningGateway]:
         yield gateway
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
-        yield session
-
-
 @pytest_asyncio.fixture(loop_scope="module")
 async def legacy(gw: RunningGateway, http: aiohttp.ClientSession) -> AsyncIterator[Client]:
     """A legacy session that declares form elicitation (the SDK refuses to elicit from a client without it)."""

@@ -75,12 +75,6 @@ async def gw() -> AsyncIterator[RunningGateway]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-        yield session
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def legacy(gw: RunningGateway, http: aiohttp.ClientSession) -> AsyncIterator[Client]:
     """The module's legacy session (sessions cost an upstream process each); it creates the tasks."""
     client = Client(http, gw.url)
