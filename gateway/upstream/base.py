@@ -13,6 +13,8 @@ so a burst is never dropped and never buffered without bound. A consumer that go
 from __future__ import annotations
 
 import asyncio
+import functools
+import secrets
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +25,12 @@ from gateway.protocol.jsonrpc import Message, RequestId
 
 UnsolicitedHandler = Callable[[Message], Awaitable[None]]
 CancelHook = Callable[[], Awaitable[None]]
+Tap = Callable[["UpstreamChannel", str | None, Message], Awaitable[Message]]
+"""Sees every message a channel hands to the gateway, in arrival order and before anyone consumes it
+(even when the request's client is gone), with the method of the request it answers (None for
+unsolicited messages); returns the message as the gateway's clients must see it."""
+LossListener = Callable[[str], Awaitable[None]]
+"""Told (with the cause) when the upstream conversation behind a channel ended on the upstream's side."""
 
 DEFAULT_EXCHANGE_CAPACITY = 1024
 
@@ -30,9 +38,16 @@ DEFAULT_EXCHANGE_CAPACITY = 1024
 class Exchange:
     """The messages routed to one request in flight upstream, ending with its response."""
 
-    def __init__(self, request_id: RequestId, method: str, capacity: int = DEFAULT_EXCHANGE_CAPACITY) -> None:
+    def __init__(
+        self,
+        request_id: RequestId,
+        method: str,
+        capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        channel: UpstreamChannel | None = None,
+    ) -> None:
         self.request_id = request_id
         self.method = method
+        self._channel = channel
         self._capacity = capacity
         self._items: deque[Message] = deque()
         self._readable = asyncio.Event()
@@ -55,6 +70,8 @@ class Exchange:
         """Called by the link for each message routed here, in arrival order."""
         if self._finished:
             return
+        if self._channel is not None and self._channel.tap is not None:
+            message = await self._channel.tap(self._channel, self.method, message)
         while len(self._items) >= self._capacity and not self._detached:
             self._writable.clear()
             await self._writable.wait()
@@ -129,6 +146,30 @@ class UpstreamChannel(ABC):
     lost = False
     """The upstream ended this conversation (an HTTP upstream answered 404 for its session): the client
     session built on it must end too, so the client initializes again."""
+    tap: Tap | None = None
+    """Set by the gateway on channels whose upstream hosts tasks (see `Tap`); links apply it to every
+    exchange message (through `Exchange`) and every unsolicited message (`tapped`)."""
+
+    @functools.cached_property
+    def tag(self) -> str:
+        """A short random name for this conversation, unique in the gateway (namespaces upstream ids)."""
+        return secrets.token_hex(4)
+
+    @functools.cached_property
+    def _loss_listeners(self) -> list[LossListener]:
+        return []
+
+    def on_loss(self, listener: LossListener) -> None:
+        """Call `listener` each time the upstream side of this conversation ends (a process exits, an
+        HTTP session is gone); the channel itself may live on (a respawned process)."""
+        self._loss_listeners.append(listener)
+
+    async def report_loss(self, cause: str) -> None:
+        for listener in list(self._loss_listeners):
+            await listener(cause)
+
+    async def tapped(self, method: str | None, message: Message) -> Message:
+        return message if self.tap is None else await self.tap(self, method, message)
 
     @abstractmethod
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:

@@ -121,7 +121,7 @@ class HttpChannel(UpstreamChannel):
         return self._session_id
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"], capacity=self._capacity)
+        exchange = Exchange(message["id"], message["method"], self._capacity, self)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
             return exchange
@@ -225,8 +225,9 @@ class HttpChannel(UpstreamChannel):
         try:
             async with response:
                 if not 200 <= response.status < 300:
-                    if response.status == 404 and self._session_id is not None:
+                    if response.status == 404 and self._session_id is not None and not self.lost:
                         self.lost = True
+                        await self.report_loss("the upstream ended its session (HTTP 404)")
                     await self._deliver_http_error(exchange, response)
                     return True
                 content_type = response.content_type.lower()
@@ -412,6 +413,7 @@ class HttpChannel(UpstreamChannel):
         return delivered
 
     async def _deliver_unsolicited(self, message: Message) -> None:
+        message = await self.tapped(None, message)
         handler = self._handler
         if handler is None:
             self._metrics.notifications_dropped.labels(method=str(message.get("method", "(response)"))).inc()

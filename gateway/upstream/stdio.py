@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
@@ -37,6 +37,10 @@ from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, Upstre
 log = logging.getLogger("gateway.upstream.stdio")
 
 SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
+
+LATE_TOKENS = 1024
+"""Progress tokens kept mapped after their request answered: a 2025-11-25 task's token stays valid for
+the task's life, so its progress keeps arriving after the CreateTaskResult."""
 
 PINNED_STATE_TTL_S = 600.0
 """How long a requestState keeps its process pinned (the SDK's own requestState lifetime)."""
@@ -76,6 +80,9 @@ class StdioProcess:
         self.abandoned_requests = False
         self.exited = asyncio.Event()
         self.unsolicited: UnsolicitedHandler | None = None
+        self.channel: UpstreamChannel | None = None
+        """The conversation this process serves: its tap sees every message, its loss listeners the exit."""
+        self._late_tokens: LRUCache[int, Any] = LRUCache(LATE_TOKENS)
 
     @property
     def pid(self) -> int | None:
@@ -106,7 +113,7 @@ class StdioProcess:
 
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
-        exchange = Exchange(client_id, message["method"], self._capacity)
+        exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
         if not self.alive:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process is not running")
             return exchange
@@ -198,6 +205,8 @@ class StdioProcess:
             upstream_id = message.get("id")
             route = self._forget(upstream_id) if isinstance(upstream_id, int) else None
             if route is not None:
+                if route.client_token is not None:
+                    self._late_tokens[upstream_id] = route.client_token  # type: ignore[index]
                 await route.exchange.deliver({**message, "id": route.client_id})
             return
         params = jsonrpc.params_of(message)
@@ -206,6 +215,10 @@ class StdioProcess:
             route = self._routes.get(token) if isinstance(token, int) else None
             if route is not None:
                 await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
+                return
+            if isinstance(token, int) and token in self._late_tokens:
+                late = {**params, "progressToken": self._late_tokens[token]}
+                await self._deliver_unsolicited({**message, "params": late})
                 return
         subscription = jsonrpc.meta_of(message).get(SUBSCRIPTION_ID_KEY)
         route = self._routes.get(subscription) if isinstance(subscription, int) else None
@@ -220,6 +233,8 @@ class StdioProcess:
             await self._deliver_unsolicited(message)
 
     async def _deliver_unsolicited(self, message: Message) -> None:
+        if self.channel is not None:
+            message = await self.channel.tapped(None, message)
         if self.unsolicited is None:
             self._metrics.notifications_dropped.labels(method=str(message.get("method"))).inc()
             return
@@ -250,6 +265,8 @@ class StdioProcess:
         self._by_client_id.clear()
         for route in routes:
             route.exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream process exited (code {code})")
+        if not self._stopping and self.channel is not None:
+            await self.channel.report_loss(f"the upstream process exited (code {code})")
 
     async def stop(self) -> None:
         """Close stdin, wait, then SIGTERM, then SIGKILL, as the MCP stdio transport prescribes."""
@@ -304,6 +321,7 @@ class StdioChannel(UpstreamChannel):
                 return self._process
             process = self._upstream.new_process()
             process.unsolicited = self._unsolicited
+            process.channel = self
             await process.start()
             self._process = process
             await self._replay_handshake(process)
