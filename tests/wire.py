@@ -31,7 +31,13 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 Message = dict[str, Any]
 
 # Which param `Mcp-Name` mirrors on the 2026-07-28 path.
-_NAME_PARAM = {"tools/call": "name", "tasks/get": "taskId", "tasks/cancel": "taskId", "tasks/stream": "taskId"}
+_NAME_PARAM = {
+    "tools/call": "name",
+    "tasks/get": "taskId",
+    "tasks/update": "taskId",
+    "tasks/cancel": "taskId",
+    "tasks/stream": "taskId",
+}
 
 
 def envelope(*, tasks: bool = True) -> dict[str, Any]:
