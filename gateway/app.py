@@ -21,6 +21,7 @@ from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.protocol import jsonrpc
 from gateway.sessions import SessionRegistry
 from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
@@ -86,8 +87,9 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     registry = TaskRegistry(config.tasks, config.retention, event_log, capture, record_events=config.events.enabled)
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
+    passthrough = Passthrough(registry, upstream, config.tasks, metrics)
     endpoint = McpEndpoint(
-        config.server, upstream, sessions, task_routes, metrics, events_enabled=config.events.enabled
+        config.server, upstream, sessions, task_routes, passthrough, metrics, events_enabled=config.events.enabled
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
@@ -115,6 +117,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         ready.clear()
         await registry.stop()
         await hosted.stop()
+        await passthrough.stop()
         await sessions.stop()
         await upstream.close()
         await event_log.close()

@@ -166,11 +166,15 @@ class TasksConfig(_Section):
     stream_write_timeout_s: float = Field(default=30.0, gt=0)
     replay_batch: int = Field(default=256, gt=0)
     stream_flush_interval_ms: float = Field(default=20.0, ge=0)
+    upstream_poll_min_ms: int = Field(default=250, gt=0)
+    upstream_poll_max_ms: int = Field(default=30_000, gt=0)
 
     @model_validator(mode="after")
     def _ttl_order(self) -> TasksConfig:
         if self.default_ttl_ms > self.max_ttl_ms:
             raise ValueError("default_ttl_ms must not exceed max_ttl_ms")
+        if self.upstream_poll_min_ms > self.upstream_poll_max_ms:
+            raise ValueError("upstream_poll_min_ms must not exceed upstream_poll_max_ms")
         return self
 
 

@@ -39,6 +39,16 @@ class Metrics:
         self.upstream_processes = Gauge(
             "mcp_gateway_upstream_processes", "Running upstream stdio processes", registry=self.registry
         )
+        self.upstream_task_polls = Counter(
+            "mcp_gateway_upstream_task_polls",
+            "tasks/get requests the gateway sent on its own to observe tasks the upstream hosts",
+            registry=self.registry,
+        )
+        self.upstream_tasks = Gauge(
+            "mcp_gateway_upstream_tasks",
+            "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(

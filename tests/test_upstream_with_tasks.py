@@ -1,4 +1,5 @@
-"""The gateway in front of an upstream that already implements 2025-11-25 Tasks: it forwards them.
+"""The gateway in front of an upstream that already implements 2025-11-25 Tasks: it forwards them
+and records each task's timeline, served by tasks/stream.
 
 The upstream is the real `@modelcontextprotocol/server-everything` (version pinned in the Makefile,
 installed by `make node_modules`), on stdio and on Streamable HTTP. Its `simulate-research-query` tool
@@ -8,6 +9,8 @@ Each behaviour is checked through the gateway and against a direct run of the sa
 stdio, raw aiohttp for HTTP), compared after `normalized()`: it replaces task ids (`taskId`, also inside
 `_meta["io.modelcontextprotocol/related-task"]`) and the `createdAt` / `lastUpdatedAt` timestamps with
 placeholders, and nothing else. The gateway may add `eventStreams` inside `capabilities.tasks`.
+Each task's tasks/stream is read by a client of its own after the task ended, so it is the retained
+timeline a late client gets; its status events are the distinct status pushes the upstream sent.
 
 Node and the package are not optional: without them every test fails with a message saying how to
 install them (CI runs `make test`, which installs the package).
@@ -30,7 +33,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.client import GatewayClient
+from gateway.config import EventsConfig
 from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, wait_for_port
+from tests.test_upstream_crash import descendants, kill_all
 from tests.wire import LEGACY, Client, Message
 
 PACKAGE = "@modelcontextprotocol/server-everything"
@@ -128,7 +134,7 @@ class StdioDirect:
 
 
 @contextlib.asynccontextmanager
-async def stdio_direct(tmp: Path) -> AsyncIterator[tuple[Call, Message]]:
+async def stdio_direct(tmp: Path) -> AsyncIterator[tuple[StdioDirect, Message]]:
     """An initialized direct stdio session; stderr goes to a file so no pipe can fill."""
     with (tmp / "direct-stdio.log").open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
@@ -145,7 +151,7 @@ async def stdio_direct(tmp: Path) -> AsyncIterator[tuple[Call, Message]]:
         init = await direct.call("initialize", initialize_params())
         assert "result" in init, init
         await direct.notify("notifications/initialized")
-        yield direct.call, init
+        yield direct, init
     finally:
         await stop(proc)
 
@@ -220,13 +226,25 @@ async def http_upstream(tmp: Path) -> AsyncIterator[str]:
 class Pair:
     """One initialized session through the gateway and one straight to an upstream of the same kind."""
 
-    def __init__(self, kind: str, client: Client, gateway_init: Message, direct: Call, direct_init: Message) -> None:
+    def __init__(
+        self,
+        kind: str,
+        url: str,
+        client: Client,
+        gateway_init: Message,
+        direct: Call,
+        direct_init: Message,
+        direct_pushes: list[Message] | None,
+    ) -> None:
         self.kind = kind
+        self.url = url
         self.client = client
         self.gateway = client_call(client)
         self.gateway_init = gateway_init
         self.direct = direct
         self.direct_init = direct_init
+        self.direct_pushes = direct_pushes
+        """What the direct stdio session received besides responses (None over HTTP)."""
 
 
 @pytest.fixture(params=["stdio", "http"])
@@ -236,14 +254,16 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
         if kind == "stdio":
             gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*node_command(), "stdio"]))
-            direct, direct_init = await stack.enter_async_context(stdio_direct(tmp_path))
+            stdio, direct_init = await stack.enter_async_context(stdio_direct(tmp_path))
+            direct, pushes = stdio.call, stdio.notifications
         else:
             url = await stack.enter_async_context(http_upstream(tmp_path))
             gw = await stack.enter_async_context(start_gateway(upstream_url=url))
             direct, direct_init = await stack.enter_async_context(http_direct(http, url))
+            pushes = None
         client = Client(http, gw.url, LEGACY)
         init = await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
-        yield Pair(kind, client, init, direct, direct_init)
+        yield Pair(kind, gw.url, client, init, direct, direct_init, pushes)
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             await asyncio.wait_for(client.delete(), STOP_TIMEOUT)
 
@@ -265,6 +285,53 @@ async def start_research(call: Call, topic: str, *, ambiguous: bool = False) -> 
     await research_tool(call)
     arguments = {"topic": topic, "ambiguous": True} if ambiguous else {"topic": topic}
     return await call("tools/call", {"name": TOOL, "arguments": arguments, "task": TASK_PARAMS})
+
+
+async def timeline(url: str, task_id: str) -> list[dict[str, Any]]:
+    """The task's whole retained log, read by a new client (tasks/stream from the start to its end)."""
+    async with GatewayClient(url, era="legacy") as client:
+        async with asyncio.timeout(CALL_TIMEOUT):
+            return [event async for event in client.stream(task_id)]
+
+
+def kinds(events: list[dict[str, Any]]) -> list[str]:
+    """Event types without the vendor prefix (`task.status`, `input.requested`, ...)."""
+    return [event["type"].removeprefix(EventsConfig().prefix + ".") for event in events]
+
+
+def statuses(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """(status, statusMessage) of each task.status event."""
+    return [
+        (event["payload"]["status"], event["payload"].get("statusMessage"))
+        for event in events
+        if event["type"].endswith(".task.status")
+    ]
+
+
+def distinct_pushes(pushes: list[Message], task_id: str) -> list[tuple[str, str | None]]:
+    """The task's status pushes as (status, statusMessage), each repeat of the one before dropped."""
+    changes: list[tuple[str, str | None]] = []
+    for push in pushes:
+        params = push.get("params", {})
+        if push.get("method") == "notifications/tasks/status" and params.get("taskId") == task_id:
+            change = (params["status"], params.get("statusMessage"))
+            if not changes or changes[-1] != change:
+                changes.append(change)
+    return changes
+
+
+RESEARCH_STAGES = [
+    ("working", "Gathering sources..."),
+    ("working", "Analyzing content..."),
+    ("working", "Synthesizing findings..."),
+    ("working", "Generating report..."),
+]
+
+
+def check_log_shape(events: list[dict[str, Any]], terminal: str) -> None:
+    assert [event["seq"] for event in events] == list(range(len(events)))
+    assert kinds(events)[0] == "task.created" and kinds(events)[-1] == "task.terminal", kinds(events)
+    assert events[-1]["payload"]["status"] == terminal
 
 
 # -- tests --------------------------------------------------------------------------------------
@@ -328,6 +395,13 @@ async def test_task_augmented_call_completes_like_direct(pair: Pair) -> None:
     assert [t["taskId"] for t in gw["listed"]["result"]["tasks"]] == [gw["task_id"]]
     assert body(gw["listed"]) == body(direct["listed"])
 
+    # The timeline: every status change the upstream pushed, in order, then the terminal event.
+    events = await timeline(pair.url, gw["task_id"])
+    check_log_shape(events, "completed")
+    assert statuses(events) == [*RESEARCH_STAGES, ("completed", "Generating report...")]
+    if pair.direct_pushes is not None:
+        assert statuses(events) == distinct_pushes(pair.direct_pushes, direct["task_id"])
+
 
 async def test_tasks_cancel_stops_it_midway(pair: Pair) -> None:
     async def run(call: Call) -> dict[str, Any]:
@@ -349,11 +423,17 @@ async def test_tasks_cancel_stops_it_midway(pair: Pair) -> None:
     assert body(gw["after"]) == body(direct["after"])
     # The tool stored no result: the server answers tasks/result with an error, the same through the gateway.
     assert gw["result"]["error"]["code"] == direct["result"]["error"]["code"] == -32603
-    assert body(gw["result"]) == {
-        **body(direct["result"]),
-        "message": f"Task {gw['task_id']} has no result stored",
-    }
+    # Free text is the upstream's own: it names the upstream's id, not the namespaced one clients see.
+    upstream_id = gw["task_id"].split(".", 1)[1]
+    assert body(gw["result"]) == {**body(direct["result"]), "message": f"Task {upstream_id} has no result stored"}
     assert direct["result"]["error"]["message"] == f"Task {direct['task_id']} has no result stored"
+
+    # The upstream pushes nothing for a cancel: the cancelled status comes from the tasks/cancel answer.
+    events = await timeline(pair.url, gw["task_id"])
+    check_log_shape(events, "cancelled")
+    observed = statuses(events)
+    assert observed[:2] == RESEARCH_STAGES[:2] and observed[-1] == ("cancelled", "Client cancelled task execution.")
+    assert len(observed) == 3, observed
 
 
 async def test_ambiguous_query_elicits_through_the_gateway(pair: Pair) -> None:
@@ -388,3 +468,67 @@ async def test_ambiguous_query_elicits_through_the_gateway(pair: Pair) -> None:
     final = reply.final["result"]
     assert final["content"][0]["text"].startswith("# Research Report: python (snake)\n"), final
     assert (await pair.gateway("tasks/get", {"taskId": task_id}))["result"]["status"] == "completed"
+
+    events = await timeline(pair.url, task_id)
+    check_log_shape(events, "completed")
+    order = kinds(events)
+    asked, answered = order.index("input.requested"), order.index("input.answered")
+    waiting = statuses(events).index(("input_required", events_status_message(events, "input_required")))
+    assert statuses(events)[waiting - 1][0] == "working" and waiting >= 2
+    assert asked < answered
+    assert events[asked]["payload"]["method"] == "elicitation/create"
+    assert events[asked]["payload"]["fields"] == ["interpretation"]
+    assert events[answered]["payload"] == {
+        "method": "elicitation/create",
+        "requestId": elicitation["id"],
+        "action": "accept",
+        "fields": ["interpretation"],
+    }
+    assert statuses(events)[waiting + 1] == ("working", 'Continuing with interpretation: "snake"...')
+    assert statuses(events)[-1][0] == "completed"
+
+
+def events_status_message(events: list[dict[str, Any]], status: str) -> str | None:
+    """The statusMessage of the first task.status event with `status`."""
+    return next(change[1] for change in statuses(events) if change[0] == status)
+
+
+async def test_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
+    """The stdio upstream dies while its task runs: the task's log ends with a terminal `failed` naming
+    the cause, an open tasks/stream ends with the empty result, and the gateway keeps serving."""
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
+        gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*node_command(), "stdio"]))
+        client = Client(http, gw.url, LEGACY)
+        await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+        call = client_call(client)
+        created = await start_research(call, "doomed")
+        task_id = created["result"]["task"]["taskId"]
+
+        async with GatewayClient(gw.url, era="legacy") as watcher:
+            live: list[dict[str, Any]] = []
+
+            async def follow() -> None:
+                async for event in watcher.stream(task_id):
+                    live.append(event)
+
+            following = asyncio.create_task(follow())
+            await asyncio.sleep(1.3)  # into the second stage
+            kill_all(descendants(gw.proc.pid))
+            async with asyncio.timeout(CALL_TIMEOUT):
+                await following  # ends: the stream's empty result after the terminal event
+
+        check_log_shape(live, "failed")
+        failed = [event for event in live if event["type"].endswith(".task.status")][-1]["payload"]
+        assert failed["status"] == "failed" and "upstream process exited" in failed["statusMessage"], failed
+        assert live[-1]["payload"]["error"]["message"] == failed["statusMessage"]
+        assert await timeline(gw.url, task_id) == live
+        # The gateway is up and the session goes on with a respawned upstream.
+        assert gw.proc.returncode is None
+        assert "tools" in (await call("tools/list", None))["result"]
+        # The respawned process never had the task: the gateway's record of how it ended answers.
+        view = (await call("tasks/get", {"taskId": task_id}))["result"]
+        assert view["taskId"] == task_id and view["status"] == "failed"
+        assert view["statusMessage"] == failed["statusMessage"]
+        outcome = await call("tasks/result", {"taskId": task_id})
+        assert outcome["error"]["code"] == -32603 and outcome["error"]["message"] == failed["statusMessage"]

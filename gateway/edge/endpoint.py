@@ -4,7 +4,8 @@ A request whose `MCP-Protocol-Version` header is absent or a handshake version t
 session path (initialize, Mcp-Session-Id, GET stream, DELETE); any other version takes the stateless
 2026-07-28 path. After the transport checks, a request goes one of three ways: `tasks/stream` (answered
 from the event log), a task method or task-augmented `tools/call` the gateway hosts because the
-upstream has no Tasks, or forwarded to the upstream and relayed back as it is produced.
+upstream has no Tasks, or forwarded to the upstream and relayed back as it is produced. When the
+upstream hosts Tasks itself, forwarding maps task ids and learns the tasks it creates (`Passthrough`).
 
 Handlers rely on aiohttp's `handler_cancellation` to learn that a client went away.
 """
@@ -12,6 +13,7 @@ Handlers rely on aiohttp's `handler_cancellation` to learn that a client went aw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -29,7 +31,8 @@ from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
 from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
 from gateway.sessions import Session, SessionLimitReached, SessionRegistry
-from gateway.tasks.hosted import TASKS_EXTENSION, Caller
+from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
+from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
 from gateway.tasks.registry import ANONYMOUS
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.upstream.stdio import UpstreamBusy
@@ -68,6 +71,7 @@ class McpEndpoint:
         upstream: Upstream,
         sessions: SessionRegistry,
         task_routes: TaskRoutes,
+        passthrough: Passthrough,
         metrics: Metrics,
         *,
         events_enabled: bool,
@@ -76,6 +80,7 @@ class McpEndpoint:
         self._upstream = upstream
         self._sessions = sessions
         self._tasks = task_routes
+        self._passthrough = passthrough
         self._metrics = metrics
         self._events_enabled = events_enabled
         self._modern_upstream_tasks: bool | None = None
@@ -144,6 +149,8 @@ class McpEndpoint:
                     f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
                 )
             session.pending_server_requests.discard(message["id"])
+            if session.upstream_has_tasks:
+                await self._passthrough.answered(session.channel, message)
             await session.respond(message, headers)
             return web.Response(status=202)
         call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
@@ -198,6 +205,8 @@ class McpEndpoint:
             return json_response(final)
         capabilities = final["result"].get("capabilities")
         session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
+        if session.upstream_has_tasks:
+            session.channel.tap = self._passthrough.observe
         final = {**final, "result": self._tasks.hosted.advertise_legacy(final["result"], session.upstream_has_tasks)}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
@@ -232,7 +241,9 @@ class McpEndpoint:
             # Taken only by requests that reach the upstream, once: a tasks/stream served from the
             # log must not hold a pooled process for as long as it stays open.
             if not leased:
-                state = jsonrpc.params_of(message).get("requestState")
+                # The conversation that holds the state: an MRTR retry's requestState, a task's id.
+                params = jsonrpc.params_of(message)
+                state = params.get("taskId" if message["method"].startswith("tasks/") else "requestState")
                 affinity = state if isinstance(state, str) else None
                 leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
             return leased[0]
@@ -254,9 +265,11 @@ class McpEndpoint:
         try:
             if call.method == "tasks/stream":
                 return await self._tasks.stream(call, self._events_enabled)
-            if hosting and self._tasks.serves(call):
+            if not hosting:
+                return await self._with_upstream_tasks(call, channel)
+            if self._tasks.serves(call):
                 return await self._tasks.task_method(call)
-            if hosting and call.method == "tools/call":
+            if call.method == "tools/call":
                 answer = (
                     await self._tasks.legacy_tool_call(call, await channel())
                     if call.era is Era.LEGACY
@@ -272,12 +285,48 @@ class McpEndpoint:
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
             return error_response(error, call.era)
 
+    async def _with_upstream_tasks(self, call: Call, channel_source: ChannelSource) -> web.StreamResponse:
+        """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
+        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
+        if call.method in ROUTED_METHODS[call.era]:
+            task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
+            if task.upstream.gone:  # the upstream lost it; the gateway's record of its end answers
+                return await self._tasks.task_method(call)
+            call = dataclasses.replace(call, message=message, headers=headers)
+            channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()
+        else:
+            channel = await channel_source()
+        channel.tap = self._passthrough.observe
+        params = jsonrpc.params_of(call.message)
+        if call.method == "tools/call" and (
+            "task" in params if call.era is Era.LEGACY else declares_tasks_extension(call.message)
+        ):
+            observed: list[Message] = []
+            return await self._forward(call, channel, self._learning(call, channel, observed), observed)
+        return await self._forward(call, channel, self._transform_for(call, hosting=False))
+
+    def _learning(self, call: Call, channel: UpstreamChannel, observed: list[Message]) -> Transform:
+        """Learn the task the upstream's answer creates (the answer itself passes unchanged)."""
+        session = call.session
+
+        async def learn(final: Message) -> Message:
+            # A legacy session's upstream channel must outlive the session while the task runs on it.
+            hold = session.task_ended if session is not None else None
+            task = await self._passthrough.adopt(
+                call.caller.owner, channel, call.era, call.message, final, observed, call.headers, hold
+            )
+            if task is not None and session is not None:
+                session.task_started()  # before the task's watcher can run, which releases it
+            return final
+
+        return learn
+
     def _transform_for(self, call: Call, hosting: bool) -> Transform | None:
         """Responses the gateway adds its own capabilities to."""
         hosted = self._tasks.hosted
         if call.method == "server/discover":
 
-            def discover(final: Message) -> Message:
+            async def discover(final: Message) -> Message:
                 result = final.get("result")
                 if not isinstance(result, dict):
                     return final
@@ -286,14 +335,21 @@ class McpEndpoint:
 
             return discover
         if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
-            return lambda final: (
-                {**final, "result": hosted.annotate_tools(final["result"])}
-                if isinstance(final.get("result"), dict)
-                else final
-            )
+
+            async def annotate(final: Message) -> Message:
+                result = final.get("result")
+                return {**final, "result": hosted.annotate_tools(result)} if isinstance(result, dict) else final
+
+            return annotate
         return None
 
-    async def _forward(self, call: Call, channel: UpstreamChannel, transform: Transform | None) -> web.StreamResponse:
+    async def _forward(
+        self,
+        call: Call,
+        channel: UpstreamChannel,
+        transform: Transform | None,
+        observed: list[Message] | None = None,
+    ) -> web.StreamResponse:
         exchange = await channel.request(call.message, call.headers)
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
@@ -306,19 +362,20 @@ class McpEndpoint:
             self._config.keepalive_s,
             session=call.session,
             transform=transform,
+            observed=observed,
             flush_interval_s=self._config.flush_interval_ms / 1000,
         )
 
     def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
         """An input_required answer's retry must reach the channel that issued its requestState."""
 
-        def pin(final: Message) -> Message:
+        async def pin(final: Message) -> Message:
             result = final.get("result")
             if isinstance(result, dict) and result.get("resultType") == "input_required":
                 state = result.get("requestState")
                 if isinstance(state, str):
                     self._upstream.pin(state, channel)
-            return transform(final) if transform is not None else final
+            return await transform(final) if transform is not None else final
 
         return pin
 

@@ -1,9 +1,10 @@
 """Relaying one upstream exchange to one client response, and what a dropped client means per era.
 
-The relay writes each batch the moment it arrives. Two optional hooks serve the other paths: a
-`transform` of the final response (the gateway adds its capabilities to `initialize`,
-`server/discover` and `tools/list`), and a `Handoff` that turns a call still running at a deadline
-into a gateway-hosted task: the handoff answers the client and takes the exchange over.
+The relay writes each batch the moment it arrives. Optional hooks serve the other paths: a
+`transform` of the final response (the gateway adds its capabilities to `server/discover` and
+`tools/list`, and learns the tasks an upstream creates), `observed` (a list that collects what was
+relayed before the response), and a `Handoff` that turns a call still running at a deadline into a
+gateway-hosted task: the handoff answers the client and takes the exchange over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.sessions import Session
 from gateway.upstream.base import Exchange
 
-Transform = Callable[[Message], Message]
+Transform = Callable[[Message], Awaitable[Message]]
 
 
 @dataclass
@@ -50,6 +51,7 @@ async def relay(
     session: Session | None = None,
     transform: Transform | None = None,
     handoff: Handoff | None = None,
+    observed: list[Message] | None = None,
     flush_interval_s: float,
 ) -> web.StreamResponse:
     started = time.perf_counter()
@@ -68,13 +70,15 @@ async def relay(
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
+            if batch and observed is not None:
+                observed.extend(message for message in batch if not jsonrpc.is_final(message))
             if batch and jsonrpc.is_final(batch[-1]):
                 final = batch.pop()
                 await _send(batch, responder, session, handoff)
                 metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
                 outcome = "error" if "error" in final else "ok"
                 metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
-                return await responder.finish(transform(final) if transform else final, era)
+                return await responder.finish(await transform(final) if transform else final, era)
             if batch:
                 await _send(batch, responder, session, handoff)
                 pacer.wrote()

@@ -130,6 +130,8 @@ class Task:
     """Modern: the current `input_required` round, if any."""
     input_keys: set[str] = field(default_factory=set)
     """Modern: every input key the task has shown a client, so a later round never reuses one."""
+    upstream: Any = None
+    """For a task the upstream hosts: what the gateway knows of it there (a `passthrough.UpstreamTask`)."""
 
     def __post_init__(self) -> None:
         self.last_updated_at = self.last_updated_at or self.created_at
@@ -209,13 +211,25 @@ class TaskRegistry:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    async def create(self, owner: str, tool: str, requested_ttl_ms: object, **created: Any) -> Task:
+    async def create(
+        self,
+        owner: str,
+        tool: str,
+        requested_ttl_ms: object,
+        *,
+        task_id: str | None = None,
+        poll_interval_ms: int | None = None,
+        **created: Any,
+    ) -> Task:
+        """A new task (id minted here unless the upstream's namespaced `task_id` is given) and its log."""
         if self._per_owner[owner] >= self._config.max_tasks_per_owner:
             raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks")
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
             ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
-        task = Task(secrets.token_hex(16), owner, tool, ttl, self._config.poll_interval_ms)
+        task = Task(
+            task_id or secrets.token_hex(16), owner, tool, ttl, poll_interval_ms or self._config.poll_interval_ms
+        )
         self._tasks[task.id] = task
         self._per_owner[owner] += 1
         await self.log.create(task.id)
@@ -224,8 +238,12 @@ class TaskRegistry:
 
     def get(self, owner: str, task_id: object) -> Task | None:
         """The caller's task, or None: unknown and foreign ids look the same."""
-        task = self._tasks.get(task_id) if isinstance(task_id, str) else None
+        task = self.find(task_id)
         return task if task is not None and task.owner == owner else None
+
+    def find(self, task_id: object) -> Task | None:
+        """Any caller's task: only for the gateway's own bookkeeping, never to answer a client."""
+        return self._tasks.get(task_id) if isinstance(task_id, str) else None
 
     async def bounds(self, task: Task) -> LogBounds:
         """The task's log bounds; after retention deleted the log, empty but still counting."""

@@ -1,0 +1,446 @@
+"""Pass-through tasks: tasks the upstream hosts itself, forwarded as they are and observed into a log.
+
+Ids. An upstream's task id is unique only within its conversation (a stdio process, an HTTP session),
+so clients see `<channel tag>.<upstream id>`: the channel's random tag namespaces it, and it can never
+equal a gateway-hosted id (32 hex digits, no dot). Clients must treat it as opaque. Ids are rewritten
+to the client's form on everything the upstream sends (the channel `Tap`, `observe`) and back on the
+client's task requests (`route`).
+
+Learning. A task is known from the CreateTaskResult the gateway forwards (`adopt`), which binds it to
+the caller. Messages about it that arrive first (server-everything pushes a status before it answers)
+wait briefly in a stash. A task the gateway never saw created stays unknown: `-32602`, like any id.
+
+Capture. For known tasks the tap records status pushes (`notifications/tasks/status`,
+`notifications/tasks`) and status answers (`tasks/get`, legacy `tasks/cancel`) as `task.status` events
+when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's
+token, notifications with related-task `_meta`, and the upstream's requests for the task
+(`input.requested`; the client's answer is `input.answered`). One watcher per task polls `tasks/get`
+when no push came for a poll interval, keeps the upstream conversation open until the task ends, and
+fails the task (naming the cause) when the upstream loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import TTLCache
+
+from gateway.config import TasksConfig
+from gateway.events.capture import RELATED_TASK_KEY
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.tasks.hosted import (
+    TASKS_EXTENSION,
+    method_of,
+    summarize_answer,
+    summarize_request,
+    unknown_task,
+    wait_any,
+)
+from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, TaskStatus
+from gateway.upstream.base import Upstream, UpstreamChannel
+
+log = logging.getLogger("gateway.tasks.passthrough")
+
+STATUS_PUSHES = frozenset({"notifications/tasks/status", "notifications/tasks"})
+ROUTED_METHODS = {
+    Era.LEGACY: frozenset({"tasks/get", "tasks/result", "tasks/cancel"}),
+    Era.MODERN: frozenset({"tasks/get", "tasks/update", "tasks/cancel"}),
+}
+"""The client's requests that name one task: answered by the upstream conversation that holds it."""
+_STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
+POLL_ID_PREFIX = "mcp-task-gateway-poll-"
+POLL_TIMEOUT_S = 10.0
+POLL_FAILURES = 3
+"""Failed polls in a row (no answer, transport errors) after which the task is failed."""
+STASH_TTL_S = 60.0
+STASH_PER_TASK = 64
+
+Hold = Callable[[], Awaitable[None]]
+"""Releases what keeps the task's upstream conversation open (a session's channel), once it ended."""
+
+
+@dataclass(eq=False)
+class UpstreamTask:
+    """What the gateway knows of a task on the upstream: where it lives and what was last observed."""
+
+    channel: UpstreamChannel
+    upstream_id: str
+    era: Era
+    headers: dict[str, str]
+    """Sent with the gateway's own polls (a legacy session's protocol version)."""
+    poll_interval_ms: int
+    progress_token: object = None
+    heard_at: float = field(default_factory=time.monotonic)
+    """When the upstream last pushed a status (monotonic): polls wait while pushes keep coming."""
+    seen: tuple[TaskStatus, str | None] | None = None
+    last_updated_at: str = ""
+    input_keys: set[str] = field(default_factory=set)
+    failures: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to poll at once (a legacy tasks/result answered: the task just ended)."""
+    gone: bool = False
+    """The gateway failed the task because the upstream lost it: the gateway's record answers for it."""
+
+
+def created_view(final: Message, era: Era) -> dict[str, Any] | None:
+    """The Task a tools/call answer creates, if it is a CreateTaskResult of the era's dialect."""
+    result = final.get("result")
+    if not isinstance(result, dict):
+        return None
+    view = result.get("task") if era is Era.LEGACY else result
+    if era is Era.MODERN and result.get("resultType") != "task":
+        return None
+    return view if isinstance(view, dict) and isinstance(view.get("taskId"), str) else None
+
+
+def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
+    """`message` from the upstream with every task id it carries passed through `convert`: a status
+    push's `taskId`, related-task `_meta`, and the ids in the answers to tools/call and tasks/*."""
+    params = message.get("params")
+    if isinstance(params, dict):
+        changed = _map_related(params, convert)
+        if message.get("method") in STATUS_PUSHES and isinstance(params.get("taskId"), str):
+            changed = {**(changed or params), "taskId": convert(params["taskId"])}
+        return message if changed is None else {**message, "params": changed}
+    result = message.get("result")
+    if not isinstance(result, dict):
+        return message
+    mapped = _map_related(result, convert) or result
+    if (
+        method == "tools/call"
+        and isinstance(mapped.get("task"), dict)
+        and isinstance(mapped["task"].get("taskId"), str)
+    ):
+        mapped = {**mapped, "task": {**mapped["task"], "taskId": convert(mapped["task"]["taskId"])}}
+    elif (method == "tools/call" and mapped.get("resultType") == "task") or (
+        method is not None and method.startswith("tasks/") and method != "tasks/list"
+    ):
+        if isinstance(mapped.get("taskId"), str):
+            mapped = {**mapped, "taskId": convert(mapped["taskId"])}
+    elif method == "tasks/list" and isinstance(mapped.get("tasks"), list):
+        mapped = {
+            **mapped,
+            "tasks": [
+                {**task, "taskId": convert(task["taskId"])}
+                if isinstance(task, dict) and isinstance(task.get("taskId"), str)
+                else task
+                for task in mapped["tasks"]
+            ],
+        }
+    return message if mapped is result else {**message, "result": mapped}
+
+
+def _map_related(container: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any] | None:
+    meta = container.get("_meta")
+    related = meta.get(RELATED_TASK_KEY) if isinstance(meta, dict) else None
+    if not isinstance(related, dict) or not isinstance(related.get("taskId"), str):
+        return None
+    assert isinstance(meta, dict)
+    return {**container, "_meta": {**meta, RELATED_TASK_KEY: {**related, "taskId": convert(related["taskId"])}}}
+
+
+class Passthrough:
+    def __init__(self, registry: TaskRegistry, upstream: Upstream, config: TasksConfig, metrics: Metrics) -> None:
+        self.registry = registry
+        self._upstream = upstream
+        self._config = config
+        self._metrics = metrics
+        self._tokens: dict[tuple[str, object], Task] = {}
+        """(channel tag, progress token of the creating request) -> task."""
+        self._asked: TTLCache[tuple[str, RequestId], tuple[Task, str]] = TTLCache(4096, 3600)
+        """(channel tag, request id) -> the task an upstream request was for, and its method."""
+        self._stash: TTLCache[str, list[tuple[str | None, Message]]] = TTLCache(1024, STASH_TTL_S)
+        self._live: dict[str, set[Task]] = {}
+        """Channel tag -> its tasks not yet terminal (a lost conversation fails them)."""
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._poll_ids = itertools.count(1)
+
+    # -- upstream to client: the channel tap ------------------------------------------------------
+
+    async def observe(self, channel: UpstreamChannel, method: str | None, message: Message) -> Message:
+        """The `Tap` of channels whose upstream hosts tasks. Never raises: a capture bug must not
+        break the link that called it."""
+        try:
+            return await self._observe(channel, method, message)
+        except Exception:
+            log.exception("capturing an upstream task message failed")
+            return message
+
+    async def _observe(self, channel: UpstreamChannel, method: str | None, message: Message) -> Message:
+        tag = channel.tag
+        seen_ids: list[str] = []
+
+        def to_client(upstream_id: str) -> str:
+            client_id = f"{tag}.{upstream_id}"
+            seen_ids.append(client_id)
+            return client_id
+
+        message = map_task_ids(message, method, to_client)
+        task: Task | None = None
+        if seen_ids and method != "tasks/list":
+            task = self.registry.find(seen_ids[-1])
+            if task is None and "method" in message:
+                stash = self._stash.setdefault(seen_ids[-1], [])
+                if len(stash) < STASH_PER_TASK:
+                    stash.append((method, message))
+        elif message.get("method") == "notifications/progress":
+            task = self._tokens.get((tag, jsonrpc.params_of(message).get("progressToken")))
+        if task is not None and task.upstream is not None:
+            await self._capture(task, method, message)
+        return message
+
+    async def _capture(self, task: Task, method: str | None, message: Message) -> None:
+        ref: UpstreamTask = task.upstream
+        capture = self.registry.capture
+        kind = message.get("method")
+        if kind in STATUS_PUSHES:
+            await self._observe_status(task, jsonrpc.params_of(message), pushed=True)
+        elif isinstance(kind, str) and "id" in message:
+            self._asked[(ref.channel.tag, message["id"])] = (task, kind)
+            await self._record_input(
+                task, "input.requested", method=kind, requestId=message["id"], **summarize_request(message)
+            )
+        elif kind is not None:
+            if (event := capture.from_notification(message)) is not None:
+                await self.registry.record(task, event)
+        elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
+            await self._observe_status(task, message["result"], pushed=False)
+        elif method == "tasks/result" and not task.terminal:
+            ref.wake.set()  # the upstream says it ended: learn how with a tasks/get now
+
+    async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
+        ref: UpstreamTask = task.upstream
+        if pushed:
+            ref.heard_at = time.monotonic()
+        try:
+            status = TaskStatus(str(view.get("status")))
+        except ValueError:
+            return
+        updated = view.get("lastUpdatedAt")
+        if isinstance(updated, str):
+            if updated < ref.last_updated_at:
+                return  # an older view than one already observed (a poll crossed a push)
+            ref.last_updated_at = updated
+        interval = view.get("pollInterval" if ref.era is Era.LEGACY else "pollIntervalMs")
+        if isinstance(interval, int) and interval > 0:
+            ref.poll_interval_ms = interval
+        text = view.get("statusMessage")
+        seen = (status, text if isinstance(text, str) else None)
+        if seen != ref.seen and not task.terminal:
+            ref.seen = seen
+            outcome: Message | None = None
+            if status is TaskStatus.COMPLETED and "result" in view:
+                outcome = {"result": view["result"]}
+            elif status is TaskStatus.FAILED and "error" in view:
+                outcome = {"error": view["error"]}
+            await self.registry.set_status(task, status, seen[1], outcome=outcome)
+        requests = view.get("inputRequests")
+        if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
+            for key, request in requests.items():
+                if key not in ref.input_keys:
+                    ref.input_keys.add(key)
+                    await self._record_input(
+                        task, "input.requested", key=key, method=method_of(request), **summarize_request(request)
+                    )
+
+    async def _record_input(self, task: Task, name: str, **payload: Any) -> None:
+        await self.registry.record(task, self.registry.capture.lifecycle(name, **payload))
+
+    async def answered(self, channel: UpstreamChannel, response: Message) -> None:
+        """The client's response to an upstream request, on its way to `channel`: an event if the
+        request was for a task."""
+        asked = self._asked.pop((channel.tag, response.get("id")), None)  # type: ignore[arg-type]
+        if asked is not None:
+            task, method = asked
+            await self._record_input(
+                task, "input.answered", method=method, requestId=response.get("id"), **summarize_answer(response)
+            )
+
+    # -- client to upstream ----------------------------------------------------------------------
+
+    def route(self, owner: str, message: Message, headers: Mapping[str, str]) -> tuple[Task, Message, dict[str, str]]:
+        """A task request as the upstream must get it (its own id in params and `Mcp-Name`), and the
+        task: -32602 for ids the caller does not own or the gateway never saw created."""
+        params = jsonrpc.params_of(message)
+        task = self.registry.get(owner, params.get("taskId"))
+        if task is None or task.upstream is None:
+            raise unknown_task(message["id"])
+        ref: UpstreamTask = task.upstream
+        rewritten = {**message, "params": {**params, "taskId": ref.upstream_id}}
+        upstream_headers = {
+            name: ref.upstream_id if name.lower() == "mcp-name" else value for name, value in headers.items()
+        }
+        if ref.era is Era.MODERN:
+            self._upstream.pin(task.id, ref.channel)
+        return task, rewritten, upstream_headers
+
+    # -- learning a task -------------------------------------------------------------------------
+
+    async def adopt(
+        self,
+        owner: str,
+        channel: UpstreamChannel,
+        era: Era,
+        request: Message,
+        final: Message,
+        earlier: list[Message],
+        headers: Mapping[str, str],
+        hold: Hold | None = None,
+    ) -> Task | None:
+        """Learn the task a forwarded tools/call created (its answer `final`, already in client ids),
+        record what came before it, and start watching it. None when `final` created no task."""
+        view = created_view(final, era)
+        prefix = f"{channel.tag}."
+        if view is None or not view["taskId"].startswith(prefix):
+            return None
+        params = jsonrpc.params_of(request)
+        ttl = view.get("ttl" if era is Era.LEGACY else "ttlMs")
+        poll = view.get("pollInterval" if era is Era.LEGACY else "pollIntervalMs")
+        try:
+            task = await self.registry.create(
+                owner,
+                str(params.get("name")),
+                ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
+                task_id=view["taskId"],
+                poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
+                era=era.value,
+                hostedBy="upstream",
+            )
+        except TaskLimitReached as exc:
+            log.warning("not capturing an upstream task: %s", exc)
+            return None
+        token = jsonrpc.meta_of(request).get("progressToken")
+        ref = UpstreamTask(channel, view["taskId"][len(prefix) :], era, dict(headers), task.poll_interval_ms, token)
+        task.upstream = ref
+        capture = self.registry.capture
+        notes = [event for message in earlier if "id" not in message and (event := capture.from_notification(message))]
+        if notes:
+            await self.registry.record(task, *notes)
+        await self._observe_status(task, view, pushed=False)
+        for method, message in self._stash.pop(task.id, []):
+            await self._capture(task, method, message)
+        if token is not None:
+            self._tokens[(channel.tag, token)] = task
+        if era is Era.MODERN:
+            self._upstream.pin(task.id, channel)
+        if channel.tag not in self._live:
+            self._live[channel.tag] = set()
+            channel.on_loss(self._loss_listener(channel.tag))
+        self._live[channel.tag].add(task)
+        watcher = asyncio.create_task(self._watch(task, hold), name=f"watch-{task.id}")
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        task.cancel = _canceller(watcher)
+        return task
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def _interval_s(self, ref: UpstreamTask) -> float:
+        low, high = self._config.upstream_poll_min_ms, self._config.upstream_poll_max_ms
+        return min(max(ref.poll_interval_ms, low), high) / 1000
+
+    async def _watch(self, task: Task, hold: Hold | None) -> None:
+        ref: UpstreamTask = task.upstream
+        self._metrics.upstream_tasks.inc()
+        try:
+            while not task.terminal:
+                interval = self._interval_s(ref)
+                await wait_any((task.done, ref.wake), interval)
+                if task.terminal:
+                    break
+                if ref.wake.is_set():
+                    ref.wake.clear()
+                elif time.monotonic() - ref.heard_at < interval:
+                    continue  # the upstream pushes its status: no need to ask
+                await self._poll(task)
+        finally:
+            self._metrics.upstream_tasks.dec()
+            self._tokens.pop((ref.channel.tag, ref.progress_token), None)
+            self._live.get(ref.channel.tag, set()).discard(task)
+            if hold is not None:
+                await hold()
+
+    async def _poll(self, task: Task) -> None:
+        ref: UpstreamTask = task.upstream
+        message: Message = {
+            "jsonrpc": "2.0",
+            "id": f"{POLL_ID_PREFIX}{next(self._poll_ids)}",
+            "method": "tasks/get",
+            "params": {"taskId": ref.upstream_id},
+        }
+        self._metrics.upstream_task_polls.inc()
+        if ref.era is Era.LEGACY:
+            final = await self._ask(ref.channel, message, ref.headers)
+        else:
+            message["params"]["_meta"] = {
+                PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0],
+                CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+            }
+            headers = {
+                "MCP-Protocol-Version": MODERN_VERSIONS[0],
+                "Mcp-Method": "tasks/get",
+                "Mcp-Name": ref.upstream_id,
+            }
+            async with self._upstream.stateless(task.id) as channel:
+                channel.tap = self.observe
+                self._upstream.pin(task.id, channel)
+                final = await self._ask(channel, message, headers)
+        error = final.get("error")
+        if not isinstance(error, dict):
+            ref.failures = 0
+            return
+        if error.get("code") == jsonrpc.INVALID_PARAMS:
+            await self.fail(task, "the upstream no longer knows the task")
+            return
+        ref.failures += 1
+        if ref.failures >= POLL_FAILURES:
+            await self.fail(task, f"tasks/get failed {ref.failures} times in a row: {error.get('message')}")
+
+    async def _ask(self, channel: UpstreamChannel, message: Message, headers: Mapping[str, str]) -> Message:
+        exchange = await channel.request(message, headers)
+        try:
+            async with asyncio.timeout(POLL_TIMEOUT_S):
+                return (await exchange.collect())[-1]
+        except TimeoutError:
+            await exchange.cancel()
+            return jsonrpc.error_response(message["id"], jsonrpc.INTERNAL_ERROR, "no answer to tasks/get")
+
+    async def fail(self, task: Task, cause: str) -> None:
+        """The task cannot end normally any more: a terminal `failed` naming the cause."""
+        outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
+        if await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome):
+            task.upstream.gone = True
+
+    def _loss_listener(self, tag: str) -> Callable[[str], Awaitable[None]]:
+        async def lost(cause: str) -> None:
+            for task in list(self._live.get(tag, ())):
+                await self.fail(task, cause)
+
+        return lost
+
+    async def stop(self) -> None:
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+def _canceller(watcher: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
+    """What the registry calls when the task's record expires: stop watching (the upstream's task is
+    the upstream's business)."""
+
+    async def stop() -> None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+    return stop
