@@ -76,3 +76,16 @@ def test_messages_without_task_ids_pass_untouched() -> None:
     assert map_task_ids(tools, "tools/list", to_client) is tools
     error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "no such task"}}
     assert map_task_ids(error, "tasks/get", to_client) is error
+
+
+def test_a_subscription_acknowledgement_names_tasks_in_client_ids() -> None:
+    ack = {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": {"taskIds": ["u6", "u7"], "toolsListChanged": True}, "_meta": {"x": 1}},
+    }
+    mapped = map_task_ids(ack, None, to_client)
+    assert mapped["params"] == {
+        "notifications": {"taskIds": ["t1.u6", "t1.u7"], "toolsListChanged": True},
+        "_meta": {"x": 1},
+    }

@@ -3,8 +3,9 @@ extension's tasks and records each one's timeline, served by tasks/stream.
 
 The upstream is tests/servers/modern_tasks_server.py (the `mcp` SDK plus the extension), on stdio and on
 Streamable HTTP, with `notifications/tasks` support and without it (`--no-notify`). The gateway learns
-each task from the CreateTaskResult it forwards and observes it by polling `tasks/get` (see
-docs/tasks-stream.md §9): every status or statusMessage change becomes one event, never two.
+each task from the CreateTaskResult it forwards and observes it through the upstream's pushes on a
+`subscriptions/listen` where it offers them (HTTP with notifications), else by polling `tasks/get`
+(see docs/tasks-stream.md §9): every status or statusMessage change becomes one event, never two.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -40,10 +43,19 @@ def statuses(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
     return [(e["payload"]["status"], e["payload"].get("statusMessage")) for e in events if kind(e) == "task.status"]
 
 
+@dataclass
+class Upstream:
+    variant: str
+    """stdio (pooled processes: polling), http (pushes on a listen), http-no-notify (polling)."""
+    gateway: RunningGateway
+
+    @property
+    def pushes(self) -> bool:
+        return self.variant == "http"
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["stdio", "http", "http-no-notify"])
-async def gateway(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[RunningGateway]:
+async def upstream(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Upstream]:
     variant: str = request.param
     async with contextlib.AsyncExitStack() as stack:
         if variant == "stdio":
@@ -53,12 +65,25 @@ async def gateway(
             log = tmp_path_factory.mktemp("modern-upstream") / "server.log"
             url = await stack.enter_async_context(running_server(*flags, log=log))
             gw = await stack.enter_async_context(start_gateway(upstream_url=url))
-        yield gw
+        yield Upstream(variant, gw)
+
+
+@pytest.fixture
+def gateway(upstream: Upstream) -> RunningGateway:
+    return upstream.gateway
 
 
 @pytest.fixture
 def client(http: aiohttp.ClientSession, gateway: RunningGateway) -> Client:
     return Client(http, gateway.url, MODERN)
+
+
+async def gateway_polls(http: aiohttp.ClientSession, gateway: RunningGateway) -> float:
+    """The gateway's own tasks/get polls so far (its /metrics counter)."""
+    async with http.get(f"{gateway.base}/metrics") as response:
+        text = await response.text()
+    match = re.search(r"^mcp_gateway_upstream_task_polls_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 async def start(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -99,8 +124,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 async def test_slow_job_timeline_has_each_step_once_and_result_through_tasks_get(
-    client: Client, gateway: RunningGateway
+    client: Client, upstream: Upstream, http: aiohttp.ClientSession
 ) -> None:
+    gateway = upstream.gateway
+    polls_before = await gateway_polls(http, gateway)
     created = await start(client, "slow_job", {"steps": 3, "delay": STEP_S})
     task_id = created["taskId"]
     upstream_tag, _, upstream_id = task_id.partition(".")
@@ -120,8 +147,16 @@ async def test_slow_job_timeline_has_each_step_once_and_result_through_tasks_get
         ("working", "step 3/3"),
         ("completed", None),
     ]
-    # The tool completes the instant after its last step: a poll sees "step 3/3" only by luck.
-    assert statuses(events) in (every_change, every_change[:3] + every_change[4:]), statuses(events)
+    polls = await gateway_polls(http, gateway) - polls_before
+    if upstream.pushes:
+        # Pushed: every change, the short-lived last step too; one poll after subscribing (and maybe
+        # one racing the end) is all the gateway asked.
+        assert statuses(events) == every_change
+        assert polls <= 2, polls
+    else:
+        # The tool completes the instant after its last step: a poll sees "step 3/3" only by luck.
+        assert statuses(events) in (every_change, every_change[:3] + every_change[4:]), statuses(events)
+        assert polls >= 5, polls  # 1.8 s of task at a 250 ms floor (pollIntervalMs is 200)
     assert events[-1]["payload"]["content"] == [{"type": "text", "bytes": len("done after 3 steps")}]
 
 
@@ -181,3 +216,42 @@ async def test_tasks_the_gateway_never_saw_are_unknown(client: Client, gateway: 
             reply: Reply = await client.request(method, {"taskId": task_id})
             error = reply.final["error"]
             assert error["code"] == -32602, (method, task_id, error)
+
+
+async def test_a_client_listen_names_tasks_in_its_own_ids(client: Client, upstream: Upstream) -> None:
+    """A client's subscriptions/listen with taskIds reaches the upstream in its ids and comes back in
+    the client's; ids the client does not own are left out of the upstream's filter."""
+    if not upstream.pushes:
+        pytest.skip("only the HTTP upstream with notifications pushes tasks to one shared conversation")
+    task_id = (await start(client, "slow_job", {"steps": 2, "delay": STEP_S}))["taskId"]
+    filters = {"taskIds": [task_id, "f00d.not-mine"]}
+    reply = await client.open("subscriptions/listen", {"notifications": filters})
+    try:
+        async with asyncio.timeout(WAIT):
+            ack = await reply.next()
+            assert ack is not None and ack["method"] == "notifications/subscriptions/acknowledged", ack
+            assert ack["params"]["notifications"]["taskIds"] == [task_id]
+            while (push := await reply.next()) is not None:
+                assert push["method"] == "notifications/tasks" and push["params"]["taskId"] == task_id, push
+                if push["params"]["status"] == "completed":
+                    break
+    finally:
+        reply.close()
+    assert push is not None and push["params"]["result"]["content"][0]["text"] == "done after 2 steps"
+
+
+async def test_progress_and_logs_before_the_task_handle_are_in_its_log(client: Client, gateway: RunningGateway) -> None:
+    """A client that asked for progress and logs on tools/call sees what the upstream sent before the
+    CreateTaskResult, and the task's log starts with the same."""
+    meta = {"progressToken": "p-early", "io.modelcontextprotocol/logLevel": "info"}
+    reply = await client.request(
+        "tools/call", {"name": "slow_job", "arguments": {"steps": 1, "delay": 0.1}, "_meta": meta}
+    )
+    methods = [message.get("method") for message in reply.notifications]
+    assert methods == ["notifications/progress", "notifications/message"], reply.messages
+    task_id = reply.final["result"]["taskId"]
+    events = await timeline(gateway, task_id)
+    check_log(events, "completed")
+    assert [kind(event) for event in events[1:3]] == ["progress", "log"]
+    assert events[1]["payload"] == {"progress": 0, "message": "queued"}
+    assert events[2]["payload"]["data"] == "slow_job accepted"

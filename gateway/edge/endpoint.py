@@ -295,6 +295,10 @@ class McpEndpoint:
             call = dataclasses.replace(call, message=message, headers=headers)
             channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()
         else:
+            if call.method == "subscriptions/listen":
+                call = dataclasses.replace(
+                    call, message=self._passthrough.route_listen(call.caller.owner, call.message)
+                )
             channel = await channel_source()
         channel.tap = self._passthrough.observe
         params = jsonrpc.params_of(call.message)

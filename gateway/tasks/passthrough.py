@@ -46,6 +46,7 @@ from gateway.tasks.hosted import (
     unknown_task,
     wait_any,
 )
+from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, TaskStatus
 from gateway.upstream.base import Upstream, UpstreamChannel
 
@@ -82,6 +83,7 @@ class UpstreamTask:
     progress_token: object = None
     heard_at: float = field(default_factory=time.monotonic)
     """When the upstream last pushed a status (monotonic): polls wait while pushes keep coming."""
+    polled_at: float = field(default_factory=time.monotonic)
     seen: tuple[TaskStatus, str | None] | None = None
     last_updated_at: str = ""
     input_keys: set[str] = field(default_factory=set)
@@ -90,6 +92,8 @@ class UpstreamTask:
     """Set to poll at once (a legacy tasks/result answered: the task just ended)."""
     gone: bool = False
     """The gateway failed the task because the upstream lost it: the gateway's record answers for it."""
+    listening: bool = False
+    """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
 
 
 def created_view(final: Message, era: Era) -> dict[str, Any] | None:
@@ -105,12 +109,21 @@ def created_view(final: Message, era: Era) -> dict[str, Any] | None:
 
 def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
     """`message` from the upstream with every task id it carries passed through `convert`: a status
-    push's `taskId`, related-task `_meta`, and the ids in the answers to tools/call and tasks/*."""
+    push's `taskId`, related-task `_meta`, a subscription acknowledgement's `taskIds`, and the ids in
+    the answers to tools/call and tasks/*."""
     params = message.get("params")
     if isinstance(params, dict):
         changed = _map_related(params, convert)
         if message.get("method") in STATUS_PUSHES and isinstance(params.get("taskId"), str):
             changed = {**(changed or params), "taskId": convert(params["taskId"])}
+        filters = params.get("notifications")
+        if (
+            message.get("method") == ACKNOWLEDGED
+            and isinstance(filters, dict)
+            and isinstance(filters.get("taskIds"), list)
+        ):
+            ids = [convert(task_id) if isinstance(task_id, str) else task_id for task_id in filters["taskIds"]]
+            changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
         return message if changed is None else {**message, "params": changed}
     result = message.get("result")
     if not isinstance(result, dict):
@@ -163,6 +176,8 @@ class Passthrough:
         self._live: dict[str, set[Task]] = {}
         """Channel tag -> its tasks not yet terminal (a lost conversation fails them)."""
         self._watchers: set[asyncio.Task[None]] = set()
+        self._pushes: dict[str, TaskPushes] = {}
+        """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
         self._poll_ids = itertools.count(1)
 
     # -- upstream to client: the channel tap ------------------------------------------------------
@@ -186,6 +201,8 @@ class Passthrough:
             return client_id
 
         message = map_task_ids(message, method, to_client)
+        if message.get("method") == ACKNOWLEDGED:
+            return message
         task: Task | None = None
         if seen_ids and method != "tasks/list":
             task = self.registry.find(seen_ids[-1])
@@ -268,6 +285,19 @@ class Passthrough:
 
     # -- client to upstream ----------------------------------------------------------------------
 
+    def route_listen(self, owner: str, message: Message) -> Message:
+        """A client's subscriptions/listen as the upstream must get it: the `taskIds` it names in the
+        upstream's ids (ids the caller does not own are left out, so the acknowledgement omits them)."""
+        params = jsonrpc.params_of(message)
+        filters = params.get("notifications")
+        wanted = filters.get("taskIds") if isinstance(filters, dict) else None
+        if not isinstance(wanted, list):
+            return message
+        assert isinstance(filters, dict)
+        tasks = [self.registry.get(owner, task_id) for task_id in wanted]
+        ids = [task.upstream.upstream_id for task in tasks if task is not None and task.upstream is not None]
+        return {**message, "params": {**params, "notifications": {**filters, "taskIds": ids}}}
+
     def route(self, owner: str, message: Message, headers: Mapping[str, str]) -> tuple[Task, Message, dict[str, str]]:
         """A task request as the upstream must get it (its own id in params and `Mcp-Name`), and the
         task: -32602 for ids the caller does not own or the gateway never saw created."""
@@ -333,6 +363,10 @@ class Passthrough:
             self._tokens[(channel.tag, token)] = task
         if era is Era.MODERN:
             self._upstream.pin(task.id, channel)
+            if self._upstream.shared_stateless:
+                if channel.tag not in self._pushes:
+                    self._pushes[channel.tag] = TaskPushes(channel, self._covered_on(channel.tag))
+                self._pushes[channel.tag].watch(task.id, ref.upstream_id)
         if channel.tag not in self._live:
             self._live[channel.tag] = set()
             channel.on_loss(self._loss_listener(channel.tag))
@@ -347,24 +381,40 @@ class Passthrough:
 
     def _interval_s(self, ref: UpstreamTask) -> float:
         low, high = self._config.upstream_poll_min_ms, self._config.upstream_poll_max_ms
+        if ref.listening:  # pushed: a poll only checks, now and then, that the subscription still works
+            return high / 1000
         return min(max(ref.poll_interval_ms, low), high) / 1000
+
+    def _covered_on(self, tag: str) -> Covered:
+        def covered(client_ids: set[str], fresh: bool) -> None:
+            for task in self._live.get(tag, ()):
+                ref: UpstreamTask = task.upstream
+                now = task.id in client_ids
+                if now and fresh and not ref.listening:
+                    ref.wake.set()  # one poll: changes before the subscription were not pushed
+                ref.listening = now
+
+        return covered
 
     async def _watch(self, task: Task, hold: Hold | None) -> None:
         ref: UpstreamTask = task.upstream
         self._metrics.upstream_tasks.inc()
         try:
             while not task.terminal:
-                interval = self._interval_s(ref)
-                await wait_any((task.done, ref.wake), interval)
+                # Due one interval after the upstream last said something (a push, or the start of
+                # the last poll, so the poll's own round trip does not stretch the period).
+                wait = max(ref.heard_at, ref.polled_at) + self._interval_s(ref) - time.monotonic()
+                if wait > 0 and not await wait_any((task.done, ref.wake), wait):
+                    continue  # waited it out: due now, unless a push came meanwhile (recomputed)
                 if task.terminal:
                     break
-                if ref.wake.is_set():
-                    ref.wake.clear()
-                elif time.monotonic() - ref.heard_at < interval:
-                    continue  # the upstream pushes its status: no need to ask
+                ref.wake.clear()
+                ref.polled_at = time.monotonic()
                 await self._poll(task)
         finally:
             self._metrics.upstream_tasks.dec()
+            if (pushes := self._pushes.get(ref.channel.tag)) is not None:
+                pushes.unwatch(task.id)
             self._tokens.pop((ref.channel.tag, ref.progress_token), None)
             self._live.get(ref.channel.tag, set()).discard(task)
             if hold is not None:
@@ -432,6 +482,8 @@ class Passthrough:
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+        for pushes in self._pushes.values():
+            await pushes.stop()
 
 
 def _canceller(watcher: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:

@@ -195,6 +195,10 @@ class UpstreamChannel(ABC):
 class Upstream(ABC):
     """The upstream server: hands out channels per client session (legacy) or per request (modern)."""
 
+    shared_stateless = False
+    """Whether `stateless()` channels carry many requests at once, so a long one (a subscription)
+    holds nothing else up. A leased stdio process does not."""
+
     @abstractmethod
     async def open_session(self) -> UpstreamChannel:
         """A channel dedicated to one legacy (handshake-era) client session."""

@@ -458,6 +458,8 @@ class HttpChannel(UpstreamChannel):
 class HttpUpstream(Upstream):
     """An MCP server reached over Streamable HTTP at `url`."""
 
+    shared_stateless = True
+
     def __init__(
         self,
         url: str,

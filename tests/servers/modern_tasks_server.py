@@ -18,7 +18,8 @@ and three task-eligible tools:
 A 2026-07-28 ``tools/call`` of one of those three from a client that declares the extension in its
 ``clientCapabilities`` gets a flat ``CreateTaskResult`` (``resultType: "task"``) at once, the tool running in the
 background; any other call runs synchronously (``ask_job`` cannot: it answers -32021 asking for the extension).
-``tasks/get`` / ``tasks/update`` / ``tasks/cancel`` follow SEP-2663; ``tasks/result`` is -32601. Unless
+Before that result, a call that asked for them gets a progress notification (``queued``) and an ``info``
+log. ``tasks/get`` / ``tasks/update`` / ``tasks/cancel`` follow SEP-2663; ``tasks/result`` is -32601. Unless
 ``--no-notify``, ``subscriptions/listen`` with ``notifications.taskIds`` streams ``notifications/tasks`` (the full
 DetailedTask) on every later change of status, statusMessage or inputRequests of those tasks.
 
@@ -190,6 +191,12 @@ class TasksExtension(Extension):
             return await call_next(ctx)
         task = Task(self.poll_interval_ms, self._changed)
         self.tasks[task.task_id] = task
+        # What a client that asked for progress and logs hears before it gets the task handle.
+        meta: dict[str, Any] = dict(ctx.meta or {})
+        token = meta.get("progress_token", meta.get("progressToken"))
+        if token is not None:
+            await ctx.session.send_progress_notification(token, 0, message="queued", related_request_id=ctx.request_id)
+        await ctx.session.send_log_message("info", f"{params.name} accepted", related_request_id=ctx.request_id)
         self.group.start_soon(self._run, task, call_next, ctx)
         return {"resultType": "task", **task.wire()}
 
