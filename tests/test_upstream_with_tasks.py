@@ -488,6 +488,36 @@ async def test_ambiguous_query_elicits_through_the_gateway(pair: Pair) -> None:
     assert statuses(events)[-1][0] == "completed"
 
 
+async def test_another_session_of_the_caller_answers_the_elicitation(pair: Pair) -> None:
+    """The task lives on session A's upstream conversation; session B reads its tasks/result, gets the
+    elicitation and answers it on B: the answer goes back to A's conversation and the task completes."""
+    created = await start_research(pair.gateway, "python", ambiguous=True)
+    task_id = created["result"]["task"]["taskId"]
+    other = Client(pair.client.http, pair.url, LEGACY)
+    await asyncio.wait_for(other.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+    reply = await other.open("tasks/result", {"taskId": task_id})
+    try:
+        async with asyncio.timeout(CALL_TIMEOUT):
+            elicitation = await reply.next()
+            assert elicitation is not None and elicitation.get("method") == "elicitation/create", reply.messages
+            assert elicitation["params"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+            answer = {"jsonrpc": "2.0", "id": elicitation["id"], "result": {"action": "accept", "content": {}}}
+            answer["result"]["content"] = {"interpretation": "comedy"}
+            sent = await other.send(answer)
+            await sent.response.read()
+            sent.close()
+            assert sent.status == 202
+            await reply.rest()
+    finally:
+        reply.close()
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await asyncio.wait_for(other.delete(), STOP_TIMEOUT)
+    assert reply.final["result"]["content"][0]["text"].startswith("# Research Report: python (comedy)\n")
+    events = await timeline(pair.url, task_id)
+    check_log_shape(events, "completed")
+    assert kinds(events).count("input.answered") == 1
+
+
 def events_status_message(events: list[dict[str, Any]], status: str) -> str | None:
     """The statusMessage of the first task.status event with `status`."""
     return next(change[1] for change in statuses(events) if change[0] == status)

@@ -30,7 +30,7 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
 from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
-from gateway.sessions import Session, SessionLimitReached, SessionRegistry
+from gateway.sessions import ResponseRoute, Session, SessionLimitReached, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
 from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
 from gateway.tasks.registry import ANONYMOUS
@@ -288,17 +288,20 @@ class McpEndpoint:
     async def _with_upstream_tasks(self, call: Call, channel_source: ChannelSource) -> web.StreamResponse:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
         task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
+        answer_route: ResponseRoute | None = None
         if call.method in ROUTED_METHODS[call.era]:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
             if task.upstream.gone:  # the upstream lost it; the gateway's record of its end answers
                 return await self._tasks.task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
             channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()
+            if call.session is not None and channel is not call.session.channel:
+                # A task of another session of this caller: answers to its requests go back to it.
+                answer_route = self._answering(channel)
         else:
             if call.method == "subscriptions/listen":
-                call = dataclasses.replace(
-                    call, message=self._passthrough.route_listen(call.caller.owner, call.message)
-                )
+                listen = self._passthrough.route_listen(call.caller.owner, call.message)
+                call = dataclasses.replace(call, message=listen)
             channel = await channel_source()
         channel.tap = self._passthrough.observe
         params = jsonrpc.params_of(call.message)
@@ -307,7 +310,14 @@ class McpEndpoint:
         ):
             observed: list[Message] = []
             return await self._forward(call, channel, self._learning(call, channel, observed), observed)
-        return await self._forward(call, channel, self._transform_for(call, hosting=False))
+        return await self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
+
+    def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
+        async def answer(message: Message, headers: Mapping[str, str]) -> None:
+            await self._passthrough.answered(channel, message)
+            await channel.respond(message, headers)
+
+        return answer
 
     def _learning(self, call: Call, channel: UpstreamChannel, observed: list[Message]) -> Transform:
         """Learn the task the upstream's answer creates (the answer itself passes unchanged)."""
@@ -353,6 +363,8 @@ class McpEndpoint:
         channel: UpstreamChannel,
         transform: Transform | None,
         observed: list[Message] | None = None,
+        *,
+        answer_route: ResponseRoute | None = None,
     ) -> web.StreamResponse:
         exchange = await channel.request(call.message, call.headers)
         if call.era is Era.MODERN:
@@ -367,6 +379,7 @@ class McpEndpoint:
             session=call.session,
             transform=transform,
             observed=observed,
+            answer_route=answer_route,
             flush_interval_s=self._config.flush_interval_ms / 1000,
         )
 

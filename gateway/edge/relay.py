@@ -22,7 +22,7 @@ from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
-from gateway.sessions import Session
+from gateway.sessions import ResponseRoute, Session
 from gateway.upstream.base import Exchange
 
 Transform = Callable[[Message], Awaitable[Message]]
@@ -52,8 +52,11 @@ async def relay(
     transform: Transform | None = None,
     handoff: Handoff | None = None,
     observed: list[Message] | None = None,
+    answer_route: ResponseRoute | None = None,
     flush_interval_s: float,
 ) -> web.StreamResponse:
+    """Relay `exchange` to `responder`. `answer_route` takes the client's answers to the server
+    requests relayed here, instead of the session's own upstream channel."""
     started = time.perf_counter()
     pacer = WritePacer(flush_interval_s)
     try:
@@ -74,13 +77,13 @@ async def relay(
                 observed.extend(message for message in batch if not jsonrpc.is_final(message))
             if batch and jsonrpc.is_final(batch[-1]):
                 final = batch.pop()
-                await _send(batch, responder, session, handoff)
+                await _send(batch, responder, session, handoff, answer_route)
                 metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
                 outcome = "error" if "error" in final else "ok"
                 metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
                 return await responder.finish(await transform(final) if transform else final, era)
             if batch:
-                await _send(batch, responder, session, handoff)
+                await _send(batch, responder, session, handoff, answer_route)
                 pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
@@ -100,10 +103,18 @@ async def relay(
         responder.close()
 
 
-async def _send(batch: list[Message], responder: Responder, session: Session | None, handoff: Handoff | None) -> None:
+async def _send(
+    batch: list[Message],
+    responder: Responder,
+    session: Session | None,
+    handoff: Handoff | None,
+    answer_route: ResponseRoute | None,
+) -> None:
     if session is not None:
         for message in batch:
             session.note_outgoing(message)
+            if answer_route is not None and "method" in message and "id" in message:
+                session.response_routes[message["id"]] = answer_route
     if handoff is not None:
         handoff.observed.extend(batch)
         batch = [message for message in batch if handoff.forward(message)]
