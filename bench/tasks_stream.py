@@ -71,15 +71,16 @@ def rss_kib(pid: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(config_text: str) -> AsyncIterator[tuple[str, int]]:
-    """The real gateway in front of the stdio example server; yields (url, pid)."""
+async def gateway_process(config_text: str, upstream: list[str] | None = None) -> AsyncIterator[tuple[str, int]]:
+    """The real gateway in front of `upstream` (its --upstream-* arguments; default: the stdio example
+    server); yields (url, pid)."""
     port = free_port()
     config = ROOT / f".bench-{port}.toml"
     config.write_text(config_text)
-    upstream = f"{sys.executable} {ROOT / 'examples' / 'build_server.py'}"
+    upstream = upstream or ["--upstream-cmd", f"{sys.executable} {ROOT / 'examples' / 'build_server.py'}"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--config", str(config),
-        "--listen", f"127.0.0.1:{port}", "--upstream-cmd", upstream,
+        "--listen", f"127.0.0.1:{port}", *upstream,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=ROOT,
     )  # fmt: skip
     try:

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python tests/servers/modern_tasks_server.py [--http PORT] [--no-notify] [--poll-interval MS]
+    python tests/servers/modern_tasks_server.py [--http PORT] [--no-notify] [--poll-interval MS] [--ttl MS]
 
 stdio without ``--http``; otherwise Streamable HTTP on ``http://127.0.0.1:PORT/mcp``.
 
@@ -81,7 +81,7 @@ EXTENSION = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"
 TASK_TOOLS = frozenset({"slow_job", "ask_job", "fail_job"})
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
-TTL_MS = 60_000
+DEFAULT_TTL_MS = 60_000
 
 
 def _now() -> str:
@@ -93,6 +93,7 @@ class Task:
     """One task's state; `update` stamps lastUpdatedAt and tells `on_change` (the listen streams)."""
 
     poll_interval_ms: int
+    ttl_ms: int
     on_change: Callable[[Task], None]
     task_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     status: str = "working"
@@ -117,7 +118,7 @@ class Task:
         out |= {
             "createdAt": self.created_at,
             "lastUpdatedAt": self.last_updated_at,
-            "ttlMs": TTL_MS,
+            "ttlMs": self.ttl_ms,
             "pollIntervalMs": self.poll_interval_ms,
         }
         if self.status == "input_required":
@@ -169,8 +170,9 @@ def _declares_extension(ctx: ServerRequestContext[Any, Any]) -> bool:
 class TasksExtension(Extension):
     identifier = EXTENSION
 
-    def __init__(self, poll_interval_ms: int) -> None:
+    def __init__(self, poll_interval_ms: int, ttl_ms: int) -> None:
         self.poll_interval_ms = poll_interval_ms
+        self.ttl_ms = ttl_ms
         self.tasks: dict[str, Task] = {}
         self.watchers: set[Callable[[Task], None]] = set()
         self.tasks_get_served = 0
@@ -189,7 +191,7 @@ class TasksExtension(Extension):
     ) -> HandlerResult:
         if params.name not in TASK_TOOLS or not _declares_extension(ctx) or self.group is None:
             return await call_next(ctx)
-        task = Task(self.poll_interval_ms, self._changed)
+        task = Task(self.poll_interval_ms, self.ttl_ms, self._changed)
         self.tasks[task.task_id] = task
         # What a client that asked for progress and logs hears before it gets the task handle.
         meta: dict[str, Any] = dict(ctx.meta or {})
@@ -327,8 +329,8 @@ async def fail_job() -> str:
     raise MCPError(INTERNAL_ERROR, "fail_job failed on purpose")
 
 
-def build_server(*, notify: bool = True, poll_interval_ms: int = 200) -> MCPServer[None]:
-    tasks = TasksExtension(poll_interval_ms)
+def build_server(*, notify: bool = True, poll_interval_ms: int = 200, ttl_ms: int = DEFAULT_TTL_MS) -> MCPServer[None]:
+    tasks = TasksExtension(poll_interval_ms, ttl_ms)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
@@ -360,8 +362,9 @@ def main() -> None:
     parser.add_argument("--http", type=int, metavar="PORT", help="serve Streamable HTTP on 127.0.0.1:PORT/mcp")
     parser.add_argument("--no-notify", action="store_true", help="do not honour taskIds on subscriptions/listen")
     parser.add_argument("--poll-interval", type=int, default=200, metavar="MS", help="pollIntervalMs (default 200)")
+    parser.add_argument("--ttl", type=int, default=DEFAULT_TTL_MS, metavar="MS", help="ttlMs (default 60000)")
     args = parser.parse_args()
-    server = build_server(notify=not args.no_notify, poll_interval_ms=args.poll_interval)
+    server = build_server(notify=not args.no_notify, poll_interval_ms=args.poll_interval, ttl_ms=args.ttl)
     if args.http is None:
         server.run("stdio")
     else:

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as files: python bench/<name>.py); see docs/benchmarks.md."""
