@@ -200,8 +200,9 @@ async def stop(proc: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def http_upstream(tmp: Path) -> AsyncIterator[str]:
-    """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on a free port."""
+async def http_upstream(tmp: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on a free port:
+    its URL and its process."""
     port = free_port()
     with (tmp / "upstream-http.log").open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
@@ -215,7 +216,7 @@ async def http_upstream(tmp: Path) -> AsyncIterator[str]:
         )
     try:
         await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
         await stop(proc)
 
@@ -257,7 +258,7 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             stdio, direct_init = await stack.enter_async_context(stdio_direct(tmp_path))
             direct, pushes = stdio.call, stdio.notifications
         else:
-            url = await stack.enter_async_context(http_upstream(tmp_path))
+            url, _ = await stack.enter_async_context(http_upstream(tmp_path))
             gw = await stack.enter_async_context(start_gateway(upstream_url=url))
             direct, direct_init = await stack.enter_async_context(http_direct(http, url))
             pushes = None
@@ -562,3 +563,36 @@ async def test_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
         assert view["statusMessage"] == failed["statusMessage"]
         outcome = await call("tasks/result", {"taskId": task_id})
         assert outcome["error"]["code"] == -32603 and outcome["error"]["message"] == failed["statusMessage"]
+
+
+async def test_http_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
+    """The HTTP upstream dies while its task runs: pushes stop, the gateway's polls fail, and after
+    three in a row the task ends `failed`, naming why; streams end, the gateway stays up."""
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
+        url, upstream = await stack.enter_async_context(http_upstream(tmp_path))
+        gw = await stack.enter_async_context(start_gateway(upstream_url=url))
+        client = Client(http, gw.url, LEGACY)
+        await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+        task_id = (await start_research(client_call(client), "doomed"))["result"]["task"]["taskId"]
+
+        async with GatewayClient(gw.url, era="legacy") as watcher:
+            live: list[dict[str, Any]] = []
+
+            async def follow() -> None:
+                async for event in watcher.stream(task_id):
+                    live.append(event)
+
+            following = asyncio.create_task(follow())
+            await asyncio.sleep(1.3)
+            upstream.kill()
+            async with asyncio.timeout(CALL_TIMEOUT):
+                await following
+
+        check_log_shape(live, "failed")
+        failed = statuses(live)[-1]
+        assert failed[0] == "failed" and failed[1] is not None, failed
+        assert failed[1].startswith("tasks/get failed 3 times in a row: upstream unreachable"), failed
+        assert gw.proc.returncode is None
+        async with http.get(f"{gw.base}/healthz") as health:
+            assert health.status == 200
