@@ -524,6 +524,24 @@ def events_status_message(events: list[dict[str, Any]], status: str) -> str | No
     return next(change[1] for change in statuses(events) if change[0] == status)
 
 
+async def followed_through(url: str, task_id: str, kill: Callable[[], None]) -> list[dict[str, Any]]:
+    """Follow the task's tasks/stream from the start, `kill` the upstream 1.3 s in (its second stage),
+    and return what the stream delivered before it ended (with the empty result: it raises otherwise)."""
+    async with GatewayClient(url, era="legacy") as watcher:
+        live: list[dict[str, Any]] = []
+
+        async def follow() -> None:
+            async for event in watcher.stream(task_id):
+                live.append(event)
+
+        following = asyncio.create_task(follow())
+        await asyncio.sleep(1.3)
+        kill()
+        async with asyncio.timeout(CALL_TIMEOUT):
+            await following
+    return live
+
+
 async def test_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
     """The stdio upstream dies while its task runs: the task's log ends with a terminal `failed` naming
     the cause, an open tasks/stream ends with the empty result, and the gateway keeps serving."""
@@ -536,19 +554,7 @@ async def test_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
         created = await start_research(call, "doomed")
         task_id = created["result"]["task"]["taskId"]
 
-        async with GatewayClient(gw.url, era="legacy") as watcher:
-            live: list[dict[str, Any]] = []
-
-            async def follow() -> None:
-                async for event in watcher.stream(task_id):
-                    live.append(event)
-
-            following = asyncio.create_task(follow())
-            await asyncio.sleep(1.3)  # into the second stage
-            kill_all(descendants(gw.proc.pid))
-            async with asyncio.timeout(CALL_TIMEOUT):
-                await following  # ends: the stream's empty result after the terminal event
-
+        live = await followed_through(gw.url, task_id, lambda: kill_all(descendants(gw.proc.pid)))
         check_log_shape(live, "failed")
         failed = [event for event in live if event["type"].endswith(".task.status")][-1]["payload"]
         assert failed["status"] == "failed" and "upstream process exited" in failed["statusMessage"], failed
@@ -576,19 +582,7 @@ async def test_http_upstream_killed_mid_task_fails_it(tmp_path: Path) -> None:
         await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
         task_id = (await start_research(client_call(client), "doomed"))["result"]["task"]["taskId"]
 
-        async with GatewayClient(gw.url, era="legacy") as watcher:
-            live: list[dict[str, Any]] = []
-
-            async def follow() -> None:
-                async for event in watcher.stream(task_id):
-                    live.append(event)
-
-            following = asyncio.create_task(follow())
-            await asyncio.sleep(1.3)
-            upstream.kill()
-            async with asyncio.timeout(CALL_TIMEOUT):
-                await following
-
+        live = await followed_through(gw.url, task_id, upstream.kill)
         check_log_shape(live, "failed")
         failed = statuses(live)[-1]
         assert failed[0] == "failed" and failed[1] is not None, failed
