@@ -218,11 +218,11 @@ async def test_tasks_the_gateway_never_saw_are_unknown(client: Client, gateway: 
             assert error["code"] == -32602, (method, task_id, error)
 
 
+@pytest.mark.parametrize("upstream", ["http"], indirect=True)
 async def test_a_client_listen_names_tasks_in_its_own_ids(client: Client, upstream: Upstream) -> None:
     """A client's subscriptions/listen with taskIds reaches the upstream in its ids and comes back in
-    the client's; ids the client does not own are left out of the upstream's filter."""
-    if not upstream.pushes:
-        pytest.skip("only the HTTP upstream with notifications pushes tasks to one shared conversation")
+    the client's; ids the client does not own are left out of the upstream's filter. (Only the HTTP
+    upstream with notifications pushes tasks on one shared conversation.)"""
     task_id = (await start(client, "slow_job", {"steps": 2, "delay": STEP_S}))["taskId"]
     filters = {"taskIds": [task_id, "f00d.not-mine"]}
     reply = await client.open("subscriptions/listen", {"notifications": filters})

@@ -356,9 +356,12 @@ class Passthrough:
         notes = [event for message in earlier if "id" not in message and (event := capture.from_notification(message))]
         if notes:
             await self.registry.record(task, *notes)
-        await self._observe_status(task, view, pushed=False)
+        # Then its state: what waited in the stash (mostly pushes sent before the answer), then the
+        # answer's own view, each recorded only if newer and different; task.created said `working`.
+        ref.seen = (task.status, None)
         for method, message in self._stash.pop(task.id, []):
             await self._capture(task, method, message)
+        await self._observe_status(task, view, pushed=False)
         if token is not None:
             self._tokens[(channel.tag, token)] = task
         if era is Era.MODERN:
