@@ -59,8 +59,11 @@ class TaskPushes:
             self._runner = asyncio.create_task(self._run(), name=f"task-pushes-{self._channel.tag}")
 
     def unwatch(self, client_id: str) -> None:
-        # A finished task stays in the open subscription until the next resubscription: harmless.
+        # A finished task stays in the open subscription until the next resubscription (harmless);
+        # the last one closes it.
         self._wanted.pop(client_id, None)
+        if not self._wanted:
+            self._changed.set()
 
     async def _run(self) -> None:
         current: Exchange | None = None
