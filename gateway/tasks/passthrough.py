@@ -15,8 +15,9 @@ Capture. For known tasks the tap records status pushes (`notifications/tasks/sta
 when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's
 token, notifications with related-task `_meta`, and the upstream's requests for the task
 (`input.requested`; the client's answer is `input.answered`). One watcher per task polls `tasks/get`
-when no push came for a poll interval, keeps the upstream conversation open until the task ends, and
-fails the task (naming the cause) when the upstream loses it.
+when no push came for a poll interval (rarely, while a 2026-07-28 subscription covers it: see
+`pushes`), keeps the upstream conversation open until the task ends, and fails the task (naming the
+cause) when the upstream loses it.
 """
 
 from __future__ import annotations
