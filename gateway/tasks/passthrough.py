@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,8 +175,9 @@ class Passthrough:
         self._asked: TTLCache[tuple[str, RequestId], tuple[Task, str]] = TTLCache(4096, 3600)
         """(channel tag, request id) -> the task an upstream request was for, and its method."""
         self._stash: TTLCache[str, list[tuple[str | None, Message]]] = TTLCache(1024, STASH_TTL_S)
-        self._live: dict[str, set[Task]] = {}
-        """Channel tag -> its tasks not yet terminal (a lost conversation fails them)."""
+        self._live: weakref.WeakKeyDictionary[UpstreamChannel, set[Task]] = weakref.WeakKeyDictionary()
+        """Each conversation's tasks not yet terminal (a lost conversation fails them); an entry goes
+        with its channel (a closed session's)."""
         self._watchers: set[asyncio.Task[None]] = set()
         self._pushes: dict[str, TaskPushes] = {}
         """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
@@ -369,12 +371,12 @@ class Passthrough:
             self._upstream.pin(task.id, channel)
             if self._upstream.shared_stateless:
                 if channel.tag not in self._pushes:
-                    self._pushes[channel.tag] = TaskPushes(channel, self._covered_on(channel.tag))
+                    self._pushes[channel.tag] = TaskPushes(channel, self._covered_on(channel))
                 self._pushes[channel.tag].watch(task.id, ref.upstream_id)
-        if channel.tag not in self._live:
-            self._live[channel.tag] = set()
-            channel.on_loss(self._loss_listener(channel.tag))
-        self._live[channel.tag].add(task)
+        if channel not in self._live:
+            self._live[channel] = set()
+            channel.on_loss(self._loss_listener(channel))
+        self._live[channel].add(task)
         watcher = asyncio.create_task(self._watch(task, hold), name=f"watch-{task.id}")
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -389,9 +391,9 @@ class Passthrough:
             return high / 1000
         return min(max(ref.poll_interval_ms, low), high) / 1000
 
-    def _covered_on(self, tag: str) -> Covered:
+    def _covered_on(self, channel: UpstreamChannel) -> Covered:
         def covered(client_ids: set[str], fresh: bool) -> None:
-            for task in self._live.get(tag, ()):
+            for task in self._live.get(channel, ()):
                 ref: UpstreamTask = task.upstream
                 now = task.id in client_ids
                 if now and fresh and not ref.listening:
@@ -420,7 +422,7 @@ class Passthrough:
             if (pushes := self._pushes.get(ref.channel.tag)) is not None:
                 pushes.unwatch(task.id)
             self._tokens.pop((ref.channel.tag, ref.progress_token), None)
-            self._live.get(ref.channel.tag, set()).discard(task)
+            self._live.get(ref.channel, set()).discard(task)
             if hold is not None:
                 await hold()
 
@@ -475,9 +477,9 @@ class Passthrough:
         if await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome):
             task.upstream.gone = True
 
-    def _loss_listener(self, tag: str) -> Callable[[str], Awaitable[None]]:
+    def _loss_listener(self, channel: UpstreamChannel) -> Callable[[str], Awaitable[None]]:
         async def lost(cause: str) -> None:
-            for task in list(self._live.get(tag, ())):
+            for task in list(self._live.get(channel, ())):
                 await self.fail(task, cause)
 
         return lost
