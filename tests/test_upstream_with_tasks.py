@@ -524,6 +524,16 @@ def events_status_message(events: list[dict[str, Any]], status: str) -> str | No
     return next(change[1] for change in statuses(events) if change[0] == status)
 
 
+async def test_the_timeline_is_complete_after_the_creating_session_is_gone(pair: Pair) -> None:
+    """The client deletes its session right after starting the task: the gateway keeps the upstream
+    conversation (and its listener) until the task ends, so the log still gets every status."""
+    task_id = (await start_research(pair.gateway, "orphans"))["result"]["task"]["taskId"]
+    assert await pair.client.delete() == 200
+    events = await timeline(pair.url, task_id)  # a new client; the stream ends with the task
+    check_log_shape(events, "completed")
+    assert statuses(events) == [*RESEARCH_STAGES, ("completed", "Generating report...")]
+
+
 async def followed_through(url: str, task_id: str, kill: Callable[[], None]) -> list[dict[str, Any]]:
     """Follow the task's tasks/stream from the start, `kill` the upstream 1.3 s in (its second stage),
     and return what the stream delivered before it ended (with the empty result: it raises otherwise)."""
