@@ -255,3 +255,17 @@ async def test_progress_and_logs_before_the_task_handle_are_in_its_log(client: C
     assert [kind(event) for event in events[1:3]] == ["progress", "log"]
     assert events[1]["payload"] == {"progress": 0, "message": "queued"}
     assert events[2]["payload"]["data"] == "slow_job accepted"
+
+
+async def test_discover_forwards_the_upstream_extension_declaration(client: Client) -> None:
+    """server/discover keeps the upstream's tasks extension; the gateway only adds its eventStreams."""
+    result = await client.result("server/discover", {})
+    settings = dict(result["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"])
+    assert set(settings.pop("eventStreams")) == {
+        "maxEventsPerTask",
+        "maxEventAgeMs",
+        "terminalRetentionMs",
+        "maxPayloadBytes",
+    }
+    assert settings == {}  # the upstream declares the extension with no settings
+    assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "modern-tasks-server"
