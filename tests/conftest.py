@@ -170,7 +170,8 @@ async def _drain(
             ready.set()
 
 
-async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT; then whatever is left in its process group."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -181,7 +182,24 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
                 proc.kill()
             await asyncio.wait_for(proc.wait(), timeout=STOP_TIMEOUT)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stray upstream children in the gateway's group
+        os.killpg(proc.pid, signal.SIGKILL)  # stray children (a gateway's upstreams) in its group
+
+
+@contextlib.asynccontextmanager
+async def serve_http(command: list[str], *args: str, log: Path) -> AsyncIterator[str]:
+    """A test MCP server, `command --http PORT *args`, on a free loopback port until the block exits;
+    yields its URL (`/mcp`). Its output goes to `log`."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *command, "--http", str(port), *args,
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        await stop_process(proc)
 
 
 @contextlib.asynccontextmanager
@@ -245,7 +263,7 @@ async def start_gateway(
             yield gw
         finally:
             try:
-                await _stop_process(proc)
+                await stop_process(proc)
             finally:
                 for drain in drains:
                     try:

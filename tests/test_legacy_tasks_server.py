@@ -14,15 +14,14 @@ import json
 import re
 import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.conftest import READY_TIMEOUT, ROOT, free_port, wait_for_port
-from tests.test_modern_tasks_server import ISO, error_of, next_message, stop
+from tests.conftest import ROOT, serve_http, stop_process
+from tests.test_modern_tasks_server import ISO, error_of, next_message
 from tests.wire import LEGACY, RELATED_TASK, Client, Message, Reply
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -36,31 +35,16 @@ TASK_KEYS = {"taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt", 
 TERMINAL = ("completed", "failed", "cancelled")
 
 
-@contextlib.asynccontextmanager
-async def running_server(*args: str, log: Path) -> AsyncIterator[str]:
-    """The server on Streamable HTTP on a free port until the block exits; yields its URL."""
-    port = free_port()
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *SERVER, "--http", str(port), *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT
-        )
-    try:
-        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        await stop(proc)
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    async with running_server(log=tmp_path_factory.mktemp("legacy-tasks") / "server.log") as server_url:
+    async with serve_http(SERVER, log=tmp_path_factory.mktemp("legacy-tasks") / "server.log") as server_url:
         yield server_url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def quiet_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     log = tmp_path_factory.mktemp("legacy-tasks-quiet") / "server.log"
-    async with running_server("--no-status", "--poll-interval", "50", log=log) as server_url:
+    async with serve_http(SERVER, "--no-status", "--poll-interval", "50", log=log) as server_url:
         yield server_url
 
 
@@ -394,7 +378,7 @@ async def test_stdio_task_round_trip() -> None:
             result = await call(3, "tasks/result", {"taskId": task_id})  # blocks until completed
     finally:
         proc.stdin.close()
-        await stop(proc)
+        await stop_process(proc)
     assert initialized["result"]["capabilities"]["tasks"] == TASKS_CAPABILITY
     assert created["result"]["task"]["ttl"] == 5000
     assert pushes(unsolicited, task_id) == [("working", "step 1/2"), ("working", "step 2/2"), ("completed", None)]

@@ -7,19 +7,17 @@ POSTs through ``tests.wire.Client`` (the 2026-07-28 envelope and headers); one s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, wait_for_port
+from tests.conftest import ROOT, serve_http, stop_process
 from tests.wire import MODERN, TASKS_EXTENSION, Client, Message, Reply, envelope
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -40,41 +38,16 @@ NAME_FORM = {
 }
 
 
-@contextlib.asynccontextmanager
-async def running_server(*args: str, log: Path) -> AsyncIterator[str]:
-    """The server on Streamable HTTP on a free port until the block exits; yields its URL."""
-    port = free_port()
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *SERVER, "--http", str(port), *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT
-        )
-    try:
-        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        await stop(proc)
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    async with running_server(log=tmp_path_factory.mktemp("modern-tasks") / "server.log") as server_url:
+    async with serve_http(SERVER, log=tmp_path_factory.mktemp("modern-tasks") / "server.log") as server_url:
         yield server_url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def quiet_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
     log = tmp_path_factory.mktemp("modern-tasks-quiet") / "server.log"
-    async with running_server("--no-notify", "--poll-interval", "50", log=log) as server_url:
+    async with serve_http(SERVER, "--no-notify", "--poll-interval", "50", log=log) as server_url:
         yield server_url
 
 
@@ -358,6 +331,6 @@ async def test_stdio_task_round_trip() -> None:
                 got = await call("tasks/get", {"taskId": created["taskId"]})
     finally:
         proc.stdin.close()
-        await stop(proc)
+        await stop_process(proc)
     assert got["status"] == "completed"
     assert got["result"] == {"content": [{"type": "text", "text": "done after 2 steps"}], "isError": False}

@@ -21,8 +21,8 @@ import pytest_asyncio
 
 from gateway.client import GatewayClient
 from gateway.config import EventsConfig
-from tests.conftest import RunningGateway, start_gateway
-from tests.test_legacy_tasks_server import SERVER, running_server, standalone, until_terminal
+from tests.conftest import RunningGateway, serve_http, start_gateway
+from tests.test_legacy_tasks_server import SERVER, standalone, until_terminal
 from tests.wire import LEGACY, RELATED_TASK, Client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -53,7 +53,7 @@ async def upstream(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
             gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*SERVER, *flags]))
         else:
             log = tmp_path_factory.mktemp("legacy-upstream") / "server.log"
-            url = await stack.enter_async_context(running_server(*flags, log=log))
+            url = await stack.enter_async_context(serve_http(SERVER, *flags, log=log))
             gw = await stack.enter_async_context(start_gateway(upstream_url=url))
         yield Upstream(variant, gw)
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import itertools
 import re
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +24,10 @@ import pytest_asyncio
 
 from gateway.client import GatewayClient
 from gateway.config import EventsConfig
-from tests.conftest import ROOT, RunningGateway, start_gateway
-from tests.test_modern_tasks_server import running_server
+from tests.conftest import RunningGateway, serve_http, start_gateway
+from tests.test_modern_tasks_server import SERVER
 from tests.wire import MODERN, Client, Reply
 
-SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "modern_tasks_server.py")]
 WAIT = 15.0
 STEP_S = 0.6
 """slow_job's step delay: well over the gateway's 250 ms poll floor, so polling sees every step."""
@@ -63,7 +61,7 @@ async def upstream(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         else:
             flags = ["--no-notify"] if variant == "http-no-notify" else []
             log = tmp_path_factory.mktemp("modern-upstream") / "server.log"
-            url = await stack.enter_async_context(running_server(*flags, log=log))
+            url = await stack.enter_async_context(serve_http(SERVER, *flags, log=log))
             gw = await stack.enter_async_context(start_gateway(upstream_url=url))
         yield Upstream(variant, gw)
 

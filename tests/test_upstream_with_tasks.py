@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -35,7 +34,7 @@ import pytest
 
 from gateway.client import GatewayClient
 from gateway.config import EventsConfig
-from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, wait_for_port
+from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, stop_process, wait_for_port
 from tests.test_upstream_crash import descendants, kill_all
 from tests.wire import LEGACY, Client, Message
 
@@ -153,7 +152,7 @@ async def stdio_direct(tmp: Path) -> AsyncIterator[tuple[StdioDirect, Message]]:
         await direct.notify("notifications/initialized")
         yield direct, init
     finally:
-        await stop(proc)
+        await stop_process(proc)
 
 
 @contextlib.asynccontextmanager
@@ -185,20 +184,6 @@ def initialize_params() -> dict[str, Any]:
     }
 
 
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 @contextlib.asynccontextmanager
 async def http_upstream(tmp: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on a free port:
@@ -218,7 +203,7 @@ async def http_upstream(tmp: Path) -> AsyncIterator[tuple[str, asyncio.subproces
         await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
         yield f"http://127.0.0.1:{port}/mcp", proc
     finally:
-        await stop(proc)
+        await stop_process(proc)
 
 
 # -- one fixture: a gateway session and a direct session to the same kind of upstream -------------
