@@ -56,11 +56,6 @@ def client(http: aiohttp.ClientSession, url: str) -> Client:
     return Client(http, url, MODERN)
 
 
-def by_name(task_id: str) -> dict[str, str | None]:
-    """The `Mcp-Name` header for tasks/* (tests.wire does not know tasks/update)."""
-    return {"Mcp-Name": task_id}
-
-
 async def start(client: Client, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
     """tools/call that must come back as a task; the CreateTaskResult."""
     result = await client.result("tools/call", {"name": tool, "arguments": arguments or {}})
@@ -69,7 +64,7 @@ async def start(client: Client, tool: str, arguments: dict[str, Any] | None = No
 
 
 async def get(client: Client, task_id: str) -> dict[str, Any]:
-    return await client.result("tasks/get", {"taskId": task_id}, headers=by_name(task_id))
+    return await client.result("tasks/get", {"taskId": task_id})
 
 
 async def poll(client: Client, task_id: str, until: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
@@ -145,14 +140,12 @@ async def test_ask_job_waits_for_input_and_completes_after_tasks_update(client: 
             "bogus": {"action": "accept", "content": {}},
             "name": {"action": "accept", "content": {"name": "Ada"}},
         }
-        ack = await client.result(
-            "tasks/update", {"taskId": task_id, "inputResponses": answers}, headers=by_name(task_id)
-        )
+        ack = await client.result("tasks/update", {"taskId": task_id, "inputResponses": answers})
         assert ack["resultType"] == "complete" and set(ack) <= {"resultType", "_meta"}
         done = (await poll(client, task_id, lambda r: r["status"] not in ("working", "input_required")))[-1]
         # Answering again is ignored (the key was answered already).
         again = {"name": {"action": "accept", "content": {"name": "Bob"}}}
-        await client.result("tasks/update", {"taskId": task_id, "inputResponses": again}, headers=by_name(task_id))
+        await client.result("tasks/update", {"taskId": task_id, "inputResponses": again})
         after = await get(client, task_id)
 
     assert done["status"] == "completed" and "inputRequests" not in done
@@ -165,7 +158,7 @@ async def test_fail_job_ends_failed_with_the_json_rpc_error(client: Client) -> N
         task_id = (await start(client, "fail_job"))["taskId"]
         final = (await poll(client, task_id, lambda r: r["status"] != "working"))[-1]
         # Cancelling a terminal task is acknowledged and changes nothing.
-        await client.result("tasks/cancel", {"taskId": task_id}, headers=by_name(task_id))
+        await client.result("tasks/cancel", {"taskId": task_id})
         after = await get(client, task_id)
     assert final["status"] == "failed"
     assert final["error"] == {"code": -32603, "message": "fail_job failed on purpose"}
@@ -177,7 +170,7 @@ async def test_cancel_stops_the_task(client: Client) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         task_id = (await start(client, "slow_job", {"steps": 100, "delay": 0.05}))["taskId"]
         await poll(client, task_id, lambda r: r.get("statusMessage", "").startswith("step "))
-        ack = await client.result("tasks/cancel", {"taskId": task_id}, headers=by_name(task_id))
+        ack = await client.result("tasks/cancel", {"taskId": task_id})
         cancelled = await get(client, task_id)
         await asyncio.sleep(0.5)  # ten more steps' worth: a job still running would change the task
         later = await get(client, task_id)
@@ -189,9 +182,9 @@ async def test_cancel_stops_the_task(client: Client) -> None:
 async def test_unknown_task_ids_and_tasks_result(client: Client) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         for method in ("tasks/get", "tasks/update", "tasks/cancel"):
-            reply = await client.request(method, {"taskId": "no-such-task"}, headers=by_name("no-such-task"))
+            reply = await client.request(method, {"taskId": "no-such-task"})
             assert error_of(reply)["code"] == -32602, (method, reply.messages)
-        reply = await client.request("tasks/result", {"taskId": "no-such-task"}, headers=by_name("no-such-task"))
+        reply = await client.request("tasks/result", {"taskId": "no-such-task"}, headers={"Mcp-Name": "no-such-task"})
     assert error_of(reply)["code"] == -32601
 
 
@@ -210,7 +203,7 @@ async def test_a_client_without_the_extension_gets_plain_results(http: aiohttp.C
 
         task_id = (await start(Client(http, url, MODERN), "slow_job", {"steps": 1, "delay": 0.05}))["taskId"]
         for method in ("tasks/get", "tasks/cancel"):
-            refused = error_of(await plain.request(method, {"taskId": task_id}, headers=by_name(task_id)))
+            refused = error_of(await plain.request(method, {"taskId": task_id}))
             assert refused["code"] == -32021 and refused["data"] == required, method
         listen = await plain.request("subscriptions/listen", {"notifications": {"taskIds": [task_id]}})
         assert error_of(listen)["code"] == -32021
@@ -249,7 +242,7 @@ async def test_listen_streams_task_notifications_to_the_terminal_one(client: Cli
                 if params["status"] == "input_required":
                     answer = {"name": {"action": "accept", "content": {"name": "Lin"}}}
                     update = {"taskId": ask, "inputResponses": answer}
-                    await client.result("tasks/update", update, headers=by_name(ask))
+                    await client.result("tasks/update", update)
                 if params["status"] in ("completed", "failed", "cancelled"):
                     terminal.add(params["taskId"])
         finally:
