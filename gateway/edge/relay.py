@@ -37,7 +37,6 @@ class Handoff:
     """Gets the notifications seen so far; creates the task, takes the exchange, returns the answer."""
     forward: Callable[[Message], bool] = field(default=lambda message: True)
     """Which notifications the client asked for and may see live before the handoff."""
-    observed: list[Message] = field(default_factory=list)
     taken: bool = False
 
 
@@ -59,6 +58,8 @@ async def relay(
     requests relayed here, instead of the session's own upstream channel."""
     started = time.perf_counter()
     pacer = WritePacer(flush_interval_s)
+    if observed is None and handoff is not None:
+        observed = []  # what the handoff passes on to the task
     try:
         while True:
             wait = keepalive_s
@@ -87,7 +88,7 @@ async def relay(
                 pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
-                answer = await handoff.take_over(handoff.observed)
+                answer = await handoff.take_over(observed or [])
                 metrics.requests.labels(method=exchange.method, outcome="task").inc()
                 return await responder.finish(answer, era)
             elif wait >= keepalive_s:
@@ -116,7 +117,6 @@ async def _send(
             if answer_route is not None and "method" in message and "id" in message:
                 session.response_routes[message["id"]] = answer_route
     if handoff is not None:
-        handoff.observed.extend(batch)
         batch = [message for message in batch if handoff.forward(message)]
     if batch:
         await responder.send(batch)
