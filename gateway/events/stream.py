@@ -88,7 +88,11 @@ def recorded_at(created: float) -> bytes:
 
     Rounding is monotonic, so times that never decrease keep never decreasing once formatted.
     """
-    second, millisecond = divmod(round(created * 1000), 1000)
+    return _millisecond_stamp(round(created * 1000))
+
+
+def _millisecond_stamp(millis: int) -> bytes:
+    second, millisecond = divmod(millis, 1000)
     return b"%s.%03dZ" % (_utc_second(second), millisecond)
 
 
@@ -118,16 +122,13 @@ class EventFrames:
         """SSE frames for a batch, joined once (the replay hot path: no per-event concatenation)."""
         open_frame, middle, meta_open, meta_close = self._open_frame, self._middle, self._meta_open, self._meta_close
         parts: list[bytes] = []
+        # The events of a burst share their millisecond: format each distinct one once.
+        last_millis, stamp = -1, b""
         for event in events:
-            parts += (
-                open_frame,
-                b"%d" % event.seq,
-                middle,
-                event.body,
-                meta_open,
-                recorded_at(event.created),
-                meta_close,
-            )
+            millis = round(event.created * 1000)
+            if millis != last_millis:
+                last_millis, stamp = millis, _millisecond_stamp(millis)
+            parts += (open_frame, b"%d" % event.seq, middle, event.body, meta_open, stamp, meta_close)
         return b"".join(parts)
 
 
