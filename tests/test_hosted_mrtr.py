@@ -7,8 +7,9 @@ with an `InputRequiredResult` and the client retries with `inputResponses` and t
 * `required` (`modern = "required"`, implied by and implying `task_support = "required"`): a 2026-07-28
   client that did not declare the tasks extension gets `-32021` (HTTP 400) naming the extension; a
   2025-11-25 client that calls without `params.task` gets `-32601`; a declaring client always gets a task.
-* `always`: a first round that asks for input within `input_window_ms` reaches the client synchronously
-  (no task); any retried round (with `inputResponses`) is a task at once, whose result reflects the answers.
+* `always`: a first round that asks for input (or fails) within `input_window_ms` reaches the client
+  synchronously (no task); any retried round (with `inputResponses`) is a task at once, whose result
+  reflects the answers; a first round still running at the end of the window is a task.
 * `after_ms`: the first round is synchronous as well; a retried round that outlives `after_ms` becomes
   a task, a faster one is a plain result.
 
@@ -37,7 +38,7 @@ WAIT = 30.0
 AFTER_MS = 3000
 """The `after_ms` gateway's deadline: far above a first round that asks at once, far below SLOW_DEPLOY."""
 SLOW_DEPLOY = {"steps": 8, "delay": 1.0}
-"""A deploy whose confirmed round runs 8 s, well past AFTER_MS."""
+"""A deploy whose confirmed round runs 8 s: well past AFTER_MS, well within the `always` window."""
 FAST_DEPLOY = {"steps": 1, "delay": 0.0}
 
 ALWAYS_CONFIG = """
@@ -165,7 +166,7 @@ async def test_required_tool_is_always_a_task_for_a_declaring_client(
     client = Client(http, gw_always.url, MODERN)
     # Done well within the window, and still a task (one that has already completed).
     created = result_of(await call_tool(client, "run_tests", {"count": 1, "delay": 0}))
-    assert created["resultType"] == "task" and "taskId" in created, created
+    assert created["resultType"] == "task" and created["status"] == "completed", created
     assert "result" not in created, created
     done = await completed(client, created["taskId"])
     assert text_of(done["result"]) == "unit: 1 passed, 0 failed", done
@@ -195,8 +196,9 @@ async def test_always_first_round_is_synchronous_and_the_retry_is_a_task(
     gw_always: RunningGateway, http: aiohttp.ClientSession
 ) -> None:
     client = Client(http, gw_always.url, MODERN)
-    asked = await first_round(client, "prod", FAST_DEPLOY)
-    created = await final_round(client, "prod", FAST_DEPLOY, asked, True)
+    # A deploy that runs 8 s, within the 10 s window: only a task made at once is still working.
+    asked = await first_round(client, "prod", SLOW_DEPLOY)
+    created = await final_round(client, "prod", SLOW_DEPLOY, asked, True)
     assert created["resultType"] == "task" and created["status"] == "working", created
     done = await completed(client, created["taskId"])
     assert text_of(done["result"]) == "deployed to prod", done
@@ -219,6 +221,14 @@ async def test_always_first_round_without_input_becomes_a_task_after_the_window(
     assert "finished" not in marker_lines(marker), "the call was answered only when the tool had finished"
     cancelled = await client.request("tasks/cancel", {"taskId": created["taskId"]})
     assert cancelled.final["result"] == {"resultType": "complete"}, cancelled.messages
+
+
+async def test_always_relays_an_error_within_the_window(gw_always: RunningGateway, http: aiohttp.ClientSession) -> None:
+    client = Client(http, gw_always.url, MODERN)
+    params = {"name": "deploy", "arguments": "not an object"}
+    async with asyncio.timeout(WAIT):
+        reply = await client.request("tools/call", params)
+    assert reply.status == 400 and reply.final["error"]["code"] == -32602, reply.messages
 
 
 # -- after_ms ---------------------------------------------------------------------------------------------
