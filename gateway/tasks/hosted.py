@@ -1,10 +1,10 @@
 """Gateway-hosted tasks: Tasks for an upstream that has none, in both dialects.
 
 A legacy (2025-11-25, SEP-1686) client asks for a task with `params.task` on `tools/call`; a modern
-(2026-07-28, SEP-2663) client declares the tasks extension and the gateway decides per tool (when is
-decided in `gateway.tasks.policy`). Either way the upstream call runs in
-the background on a channel the task holds until it ends, so the task outlives the client's
-connection and session. Its notifications go through capture into the task's log; its outcome is
+(2026-07-28, SEP-2663) client declares the tasks extension and the gateway decides per tool whether and
+when the call becomes a task (`gateway.tasks.policy`). Either way the upstream call runs in the
+background on a channel the task holds until it ends, so the task outlives the client's connection and
+session. Its notifications go through capture into the task's log; its outcome is
 kept for `tasks/result` / `tasks/get`.
 
 Input mid-task: in 2025-11-25 the upstream sends server-to-client requests (elicitation, sampling) on
