@@ -146,13 +146,52 @@ def default_rules() -> list[CaptureRule]:
     ]
 
 
+TaskSupport = Literal["forbidden", "optional", "required"]
+ModernTasks = Literal["never", "always", "after_ms", "required"]
+
+MODERN_FOR_TASK_SUPPORT: dict[str, tuple[ModernTasks, ...]] = {
+    "forbidden": ("never",),
+    "optional": ("after_ms", "always", "never"),
+    "required": ("required",),
+}
+"""Which `modern` values agree with each `task_support`; the first is the one a policy without `modern` gets."""
+
+
 class ToolTaskPolicy(_Section):
-    """How tools whose name matches `match` (a glob) become tasks, per era."""
+    """How tools whose name matches `match` (a glob) become tasks, per era.
+
+    The two keys describe one tool, so they must agree: a tool that is never a task, or must be one, is
+    that in both eras. Either key left out follows the other (`required` implies `required`)."""
 
     match: str = "*"
-    task_support: Literal["forbidden", "optional", "required"] = "optional"
-    modern: Literal["never", "always", "after_ms"] = "after_ms"
+    task_support: TaskSupport = "optional"
+    modern: ModernTasks = "after_ms"
     after_ms: int = Field(default=1000, ge=0)
+    input_window_ms: int = Field(default=500, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_key_implies_the_other(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        support = data.get("task_support")
+        if "modern" not in data and isinstance(support, str) and support in MODERN_FOR_TASK_SUPPORT:
+            return {**data, "modern": MODERN_FOR_TASK_SUPPORT[support][0]}
+        if "task_support" not in data and data.get("modern") == "required":
+            return {**data, "task_support": "required"}
+        return data
+
+    @model_validator(mode="after")
+    def _eras_agree(self) -> ToolTaskPolicy:
+        allowed = MODERN_FOR_TASK_SUPPORT[self.task_support]
+        if self.modern not in allowed:
+            choices = " | ".join(repr(value) for value in allowed)
+            raise ValueError(
+                f"tool {self.match!r}: task_support = {self.task_support!r} (2025-11-25) and modern = "
+                f"{self.modern!r} (2026-07-28) contradict each other; with this task_support, modern must be "
+                f"{choices} (or left out)"
+            )
+        return self
 
 
 class TasksConfig(_Section):

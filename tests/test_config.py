@@ -46,6 +46,16 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
             "rules.0: Value error, 'type' 'bad type' must be dot-separated labels without spaces",
         ),
         ("[events]\nprefix = 'nodots'\n", "events.prefix"),
+        (
+            "[[tasks.tools]]\nmatch = 'build'\ntask_support = 'required'\nmodern = 'always'\n",
+            "tasks.tools.0: Value error, tool 'build': task_support = 'required'",
+        ),
+        (
+            "[[tasks.tools]]\nmatch = 'deploy'\ntask_support = 'optional'\nmodern = 'required'\n",
+            "contradict each other; with this task_support, modern must be 'after_ms'",
+        ),
+        ("[[tasks.tools]]\ntask_support = 'forbidden'\nmodern = 'after_ms'\n", "modern must be 'never'"),
+        ("[[tasks.tools]]\nmodern = 'sometimes'\n", "tasks.tools.0.modern"),
         ("[server\n", "not valid TOML"),
     ],
 )
@@ -54,6 +64,25 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, named: str) -> None:
     path.write_text(text)
     with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("(", r"\(")):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("keys", "task_support", "modern"),
+    [
+        ("task_support = 'required'", "required", "required"),
+        ("modern = 'required'", "required", "required"),
+        ("task_support = 'forbidden'", "forbidden", "never"),
+        ("task_support = 'optional'", "optional", "after_ms"),
+        ("modern = 'always'", "optional", "always"),
+    ],
+)
+def test_a_tool_policy_key_left_out_follows_the_other(
+    tmp_path: Path, keys: str, task_support: str, modern: str
+) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(f"[[tasks.tools]]\nmatch = 'build'\n{keys}\n")
+    (policy,) = load_config(path).tasks.tools
+    assert (policy.task_support, policy.modern) == (task_support, modern)
 
 
 def test_check_config_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

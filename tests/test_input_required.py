@@ -473,9 +473,11 @@ SCRIPTED_CONFIG = f"""
 [events]
 prefix = "{PREFIX}"
 
+# input_window_ms = 0: the task exists before the first round, so every round is answered through it.
 [[tasks.tools]]
 match = "*"
 modern = "always"
+input_window_ms = 0
 """
 
 

@@ -33,11 +33,13 @@ from gateway.tasks.hosted import (
     HostedTasks,
     UpstreamCall,
     declares_tasks_extension,
+    input_required,
     missing_extension,
     related_outcome,
     unknown_task,
     wait_any,
 )
+from gateway.tasks.policy import Hosting, plan_tool_call
 from gateway.tasks.registry import PendingRequest, Task
 from gateway.upstream.base import UpstreamChannel
 
@@ -163,20 +165,7 @@ class TaskRoutes:
 
     async def legacy_tool_call(self, call: Call, channel: UpstreamChannel) -> web.StreamResponse | None:
         """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
-        params = jsonrpc.params_of(call.message)
-        policy = self.hosted.policy(params.get("name"))
-        wants_task = "task" in params
-        if (wants_task and policy.task_support == "forbidden") or (
-            not wants_task and policy.task_support == "required"
-        ):
-            need = "must not" if wants_task else "must"
-            raise ProtocolError(
-                jsonrpc.METHOD_NOT_FOUND,
-                f"Method not found: tool {params.get('name')!r} {need} be called as a task (execution.taskSupport)",
-                http_status=200,
-                request_id=call.message["id"],
-            )
-        if not wants_task:
+        if self._plan(call) is None:
             return None
         session = call.session
         assert session is not None
@@ -204,24 +193,37 @@ class TaskRoutes:
         return await self._responder(call).finish(answer, call.era)
 
     async def modern_tool_call(self, call: Call, channel: UpstreamChannel) -> web.StreamResponse | None:
-        """tools/call from a client that declared the tasks extension: maybe a task, per the tool policy."""
-        params = jsonrpc.params_of(call.message)
-        policy = self.hosted.policy(params.get("name"))
-        if policy.modern == "never" or not declares_tasks_extension(call.message):
+        """tools/call from a 2026-07-28 client: maybe a task, per the tool policy (see gateway.tasks.policy).
+        Until the plan's deadline the upstream's answer reaches the client as it is; an MRTR round
+        (`InputRequiredResult`) always does, so the task is made on the final round."""
+        hosting = self._plan(call)
+        if hosting is None:
             return None
-        after_s = 0.0 if policy.modern == "always" else policy.after_ms / 1000
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
         upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
         exchange = await channel.request(upstream.message, call.headers)
+        observed: list[Message] = []
 
-        async def take_over(observed: list[Message]) -> Message:
+        async def adopt(observed: list[Message]) -> Task:
+            """The call's task, with the notifications relayed so far as its first events."""
             task = await self.hosted.create(call.caller, call.message)
             capture = self.hosted.registry.capture
             events = [event for message in observed if (event := capture.from_notification(message)) is not None]
             if events:
                 await self.hosted.registry.record(task, *events)
+            return task
+
+        async def take_over(observed: list[Message]) -> Message:
+            task = await adopt(observed)
             self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
+            return self.hosted.modern_created(task, call.message["id"])
+
+        async def result_as_task(final: Message) -> Message:
+            if "result" not in final or input_required(final):
+                return final
+            task = await adopt(observed)
+            await self.hosted.finish(task, call.caller, final)
             return self.hosted.modern_created(task, call.message["id"])
 
         def client_asked(message: Message) -> bool:
@@ -230,16 +232,22 @@ class TaskRoutes:
                 method != "notifications/message" or client_logs
             )
 
-        handoff = Handoff(time.monotonic() + after_s, take_over, client_asked)
+        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked)
         return await relay(
             exchange,
             self._responder(call),
             call.era,
             self._metrics,
             self._server.keepalive_s,
+            transform=result_as_task if hosting.result_is_task else None,
             handoff=handoff,
+            observed=observed,
             flush_interval_s=self._server.flush_interval_ms / 1000,
         )
+
+    def _plan(self, call: Call) -> Hosting | None:
+        policy = self.hosted.policy(jsonrpc.params_of(call.message).get("name"))
+        return plan_tool_call(policy, call.message, call.era)
 
     # -- tasks/stream ----------------------------------------------------------------------------
 

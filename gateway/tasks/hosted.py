@@ -1,16 +1,17 @@
 """Gateway-hosted tasks: Tasks for an upstream that has none, in both dialects.
 
 A legacy (2025-11-25, SEP-1686) client asks for a task with `params.task` on `tools/call`; a modern
-(2026-07-28, SEP-2663) client declares the tasks extension and the gateway decides per tool (`never`,
-`always`, or `after_ms`: a task only if the call outlives N ms). Either way the upstream call runs in
-the background on a channel the task holds until it ends, so the task outlives the client's
-connection and session. Its notifications go through capture into the task's log; its outcome is
+(2026-07-28, SEP-2663) client declares the tasks extension and the gateway decides per tool whether and
+when the call becomes a task (`gateway.tasks.policy`). Either way the upstream call runs in the
+background on a channel the task holds until it ends, so the task outlives the client's connection and
+session. Its notifications go through capture into the task's log; its outcome is
 kept for `tasks/result` / `tasks/get`.
 
 Input mid-task: in 2025-11-25 the upstream sends server-to-client requests (elicitation, sampling) on
 the call; the task goes `input_required` and each request reaches the client with the related-task
 `_meta` on an open `tasks/result` stream, else on the owning session's GET stream, and the client's
-response goes back upstream. In 2026-07-28 the call ends with `resultType: "input_required"`; the task
+response goes back upstream. In 2026-07-28 the call ends with `resultType: "input_required"` (before the
+task exists that round goes to the client as it is; see the policy); once the task exists, the task
 shows the `inputRequests`, collects answers through `tasks/update`, and retries the call upstream with
 `inputResponses` and the echoed `requestState`. Every step is an event in the task's log.
 
@@ -55,6 +56,8 @@ MAX_INPUT_ROUNDS = 32
 """How many times a 2026-07-28 task's call may answer `input_required` before the task fails."""
 STATE_ONLY_RETRY_S = 0.2
 """Pause before retrying an `input_required` round that asks for nothing (only `requestState`)."""
+DETAILED_TASK_KEYS = ("inputRequests", "result", "error")
+"""What a DetailedTask (tasks/get) adds to a Task (CreateTaskResult)."""
 SUMMARY_TEXT_CHARS = 200
 """Request texts (an elicitation's message) are cut to this many characters in input events."""
 
@@ -73,10 +76,11 @@ def declares_tasks_extension(message: Message) -> bool:
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 
 
-def missing_extension(request_id: RequestId | None) -> ProtocolError:
+def missing_extension(request_id: RequestId | None, why: str = "") -> ProtocolError:
+    """-32021 for a client that did not declare the tasks extension; `why` (a clause) says what needs it."""
     return ProtocolError(
         jsonrpc.MISSING_REQUIRED_CLIENT_CAPABILITY,
-        f"Missing required client capability: declare the {TASKS_EXTENSION} extension in clientCapabilities",
+        f"Missing required client capability: {why}declare the {TASKS_EXTENSION} extension in clientCapabilities",
         data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
         request_id=request_id,
     )
@@ -150,7 +154,7 @@ class HostedTasks:
         for policy in self._config.tools:
             if fnmatch.fnmatchcase(name, policy.match):
                 return policy
-        return ToolTaskPolicy(task_support="forbidden", modern="never")
+        return ToolTaskPolicy(task_support="forbidden")
 
     def annotate_tools(self, result: dict[str, Any]) -> dict[str, Any]:
         """tools/list for legacy clients: each tool's execution.taskSupport from the policy."""
@@ -492,7 +496,9 @@ class HostedTasks:
         return result_message(request_id, {"resultType": "complete"})
 
     def modern_created(self, task: Task, request_id: RequestId) -> Message:
-        return result_message(request_id, {"resultType": "task", **task.modern_view()})
+        """CreateTaskResult: the Task as it is now, without what tasks/get adds (the outcome, inputRequests)."""
+        view = {key: value for key, value in task.modern_view().items() if key not in DETAILED_TASK_KEYS}
+        return result_message(request_id, {"resultType": "task", **view})
 
 
 def related_outcome(task: Task, request_id: RequestId) -> Message:
