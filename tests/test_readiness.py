@@ -34,6 +34,7 @@ from tests.conftest import (
     stop_process,
     wait_for_port,
 )
+from tests.test_modern_tasks_server import SERVER as MODERN_TASKS_SERVER
 from tests.wire import LEGACY, MODERN
 from tests.wire import Client as WireClient
 
@@ -157,6 +158,25 @@ async def test_a_ready_stdio_upstream_that_no_longer_starts_turns_unready(
         body = await readyz_until(http, gw, unready)
         assert "upstream.sh: no config file found" in body["reason"], body
         assert len(log_lines(gw, "not usable any more")) == 1, gw.output_text()
+
+
+async def test_what_the_gateway_learns_from_the_upstream_waits_until_it_is_usable(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    # The first 2026-07-28 request asks the upstream (server/discover) whether it hosts tasks. Asked while
+    # the command cannot start, the answer must not stick: once it runs, its own tasks are passed through.
+    script = tmp_path / "upstream.sh"
+    script.write_text(FAILING)
+    config = FAST_RETRIES.format(recheck=0)
+    async with start_gateway(upstream_cmd=["sh", str(script)], config_text=config) as gw:
+        client = WireClient(http, gw.url, MODERN)
+        early = await client.request("tools/list")
+        assert "exited (code 1)" in early.final["error"]["message"], early.final
+        script.write_text(f"exec {shlex.join(MODERN_TASKS_SERVER)}\n")
+        await readyz_until(http, gw, ready)
+        created = await client.result("tools/call", {"name": "slow_job", "arguments": {"steps": 1, "delay": 0}})
+        tag, _, upstream_id = created["taskId"].partition(".")
+        assert tag and len(upstream_id) == 32, created  # the upstream's task, namespaced; not a hosted one
 
 
 async def test_http_upstream_down_at_start_comes_up_then_goes_away(tmp_path: Path, http: aiohttp.ClientSession) -> None:
