@@ -51,6 +51,7 @@ STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
 
 MAX_CAUSE_CHARS = 300
+"""Longest stderr line quoted in an exit cause (a client's error message, /readyz's reason)."""
 
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
@@ -89,7 +90,7 @@ class StdioProcess:
         self._metrics = metrics
         self._capacity = capacity
         self._on_failure = on_failure
-        self._log_level = logging.INFO if on_failure is not None else logging.DEBUG
+        self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
         self._routes: dict[int, _Route] = {}
@@ -286,7 +287,7 @@ class StdioProcess:
             while line := await stderr.readline():
                 text = line.decode(errors="replace").rstrip()
                 self._last_stderr = text[:MAX_CAUSE_CHARS] or self._last_stderr
-                log.log(self._log_level, "upstream: %s", text, extra={"pid": pid})
+                log.log(self._stderr_level, "upstream: %s", text, extra={"pid": pid})
 
     async def _on_exit(self) -> None:
         assert self._proc is not None
