@@ -1,4 +1,8 @@
-"""Composition root: builds the gateway's parts from a Config and runs them on an aiohttp server."""
+"""Composition root: builds the gateway's parts from a Config and runs them on an aiohttp server.
+
+Besides the MCP endpoint it serves `/healthz` (liveness: 200 while the process serves), `/readyz`
+(readiness: 200 only while the upstream is usable, see `gateway.readiness`) and `/metrics`.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.protocol import jsonrpc
+from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
@@ -93,17 +98,32 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
-    ready = asyncio.Event()
+    readiness = Readiness(
+        upstream,
+        upstream_name(config.upstream),
+        config.upstream.readiness,
+        config.server.initialize_timeout_s,
+        metrics,
+    )
+    serving = asyncio.Event()
+    started = time.monotonic()
 
     async def healthz(_: web.Request) -> web.Response:
-        status = 200 if ready.is_set() else 503
         body = {
-            "status": "ok" if ready.is_set() else "starting",
+            "status": "ok" if serving.is_set() else "stopping",
             "version": __version__,
+            "uptime_s": round(time.monotonic() - started, 3),
+            "upstream": readiness.state.status,
             "sessions": len(sessions),
             "tasks": len(registry),
         }
-        return json_response(body, status)
+        return json_response(body, 200 if serving.is_set() else 503)
+
+    async def readyz(_: web.Request) -> web.Response:
+        state = readiness.state
+        if not serving.is_set():
+            return json_response({"status": "stopping"}, 503)
+        return json_response(state.body(), 200 if state.ready else 503)
 
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -112,9 +132,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await upstream.start()
         sessions.start()
         registry.start()
-        ready.set()
+        readiness.start()
+        serving.set()
         yield
-        ready.clear()
+        serving.clear()
+        await readiness.stop()
         await registry.stop()
         await hosted.stop()
         await passthrough.stop()
@@ -124,6 +146,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
 
     app.router.add_route("*", config.server.path, endpoint.handle)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
     app.cleanup_ctx.append(lifecycle)
     return app
@@ -139,7 +162,8 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
         await site.start()
         shown_host = f"[{host}]" if ":" in host else host
         url = f"http://{shown_host}:{port}{config.server.path}"
-        log.info("gateway ready", extra={"url": url})
+        # Listening, not necessarily usable: readiness logs the upstream's state on its own.
+        log.info("gateway listening", extra={"url": url})
         if on_ready is not None:
             on_ready(url)
         await asyncio.Event().wait()

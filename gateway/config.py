@@ -66,11 +66,26 @@ class HttpUpstreamConfig(_Section):
     max_connections: int = Field(default=100, gt=0)
 
 
+class ReadinessConfig(_Section):
+    """How the upstream's usability (/readyz) is checked: backoff while unusable, re-checks while usable."""
+
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+    recheck_interval_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _retry_order(self) -> ReadinessConfig:
+        if self.retry_initial_s > self.retry_max_s:
+            raise ValueError("retry_initial_s must not exceed retry_max_s")
+        return self
+
+
 class UpstreamConfig(_Section):
     url: str | None = None
     command: list[str] | None = None
     stdio: StdioConfig = Field(default_factory=StdioConfig)
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
+    readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
 
     @field_validator("command", mode="before")
     @classmethod

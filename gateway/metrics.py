@@ -25,10 +25,13 @@ class Metrics:
             registry=self.registry,
         )
         self._forwarded_children: dict[str, Any] = {}
-        self.notifications_dropped = Counter(
-            "mcp_gateway_notifications_dropped",
-            "Upstream messages with nowhere to go (no open GET stream), by method",
-            ["method"],
+        self.notifications_undelivered = Counter(
+            "mcp_gateway_notifications_undelivered",
+            "Upstream messages tied to no request that no client was listening for, by method and reason: "
+            "no_get_stream (a legacy session without its GET stream open), session_closed (the session has "
+            "ended), no_session (an upstream conversation no client session owns). Not a loss of task "
+            "events: those are recorded in the task's event log before delivery is tried.",
+            ["method", "reason"],
             registry=self.registry,
         )
         self.upstream_restarts = Counter(
@@ -38,6 +41,17 @@ class Metrics:
         )
         self.upstream_processes = Gauge(
             "mcp_gateway_upstream_processes", "Running upstream stdio processes", registry=self.registry
+        )
+        self.upstream_ready = Gauge(
+            "mcp_gateway_upstream_ready",
+            "1 while the upstream is usable (/readyz answers 200), else 0",
+            registry=self.registry,
+        )
+        self.upstream_checks = Counter(
+            "mcp_gateway_upstream_checks",
+            "Readiness checks of the upstream (a fresh conversation's initialize), by outcome: usable, unusable",
+            ["outcome"],
+            registry=self.registry,
         )
         self.upstream_task_polls = Counter(
             "mcp_gateway_upstream_task_polls",

@@ -69,7 +69,8 @@ class Session:
     async def deliver_unsolicited(self, message: Message) -> None:
         stream = self.get_stream
         if stream is None:
-            self._metrics.notifications_dropped.labels(method=str(message.get("method"))).inc()
+            reason = "session_closed" if self._closing else "no_get_stream"
+            self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason=reason).inc()
             return
         self.note_outgoing(message)
         await stream.deliver(message)

@@ -216,7 +216,7 @@ async def test_unsolicited_messages_reach_the_handler(upstream: HttpUpstream) ->
     assert received[0] == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 
 
-async def test_unsolicited_messages_without_a_handler_are_counted_and_dropped(probe_url: str) -> None:
+async def test_unsolicited_messages_without_a_handler_are_counted_as_undelivered(probe_url: str) -> None:
     metrics = Metrics()
     up = await make_upstream(probe_url, metrics)
     try:
@@ -225,11 +225,12 @@ async def test_unsolicited_messages_without_a_handler_are_counted_and_dropped(pr
         async def counted() -> bool:
             await collect(await channel.request(tool_call(str(uuid.uuid4()), "announce", {}), LEGACY_HEADERS))
             value = metrics.registry.get_sample_value(
-                "mcp_gateway_notifications_dropped_total", {"method": "notifications/tools/list_changed"}
+                "mcp_gateway_notifications_undelivered_total",
+                {"method": "notifications/tools/list_changed", "reason": "no_session"},
             )
             return bool(value)
 
-        await eventually(counted, "a dropped list_changed to be counted")
+        await eventually(counted, "an undelivered list_changed to be counted")
     finally:
         await up.close()
 

@@ -221,7 +221,7 @@ def docker() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_shape(docker: list[tuple[str, str]]) -> None:
-    """Non-root, the exposed port is the one the CMD listens on, and the health check probes /healthz there."""
+    """Non-root, the exposed port is the one the CMD listens on, and the health check probes /readyz there."""
     base = last(docker, "FROM")
     assert re.match(r"python:3\.11[.\w-]*slim", base), base
     assert "pip install --no-cache-dir ." in last(docker, "RUN")
@@ -232,11 +232,11 @@ def test_dockerfile_shape(docker: list[tuple[str, str]]) -> None:
     port = listen_port(cmd)
     assert str(port) in last(docker, "EXPOSE").split()
     health = last(docker, "HEALTHCHECK")
-    assert f":{port}/healthz" in health, health
+    assert f":{port}/readyz" in health, health
     assert "curl" not in health and "wget" not in health, "slim images have neither curl nor wget"
 
 
-def _healthz(url: str) -> int | None:
+def _http_status(url: str) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return int(resp.status)
@@ -270,20 +270,20 @@ def served(installed: Venv, docker: list[tuple[str, str]], tmp_path: Path) -> It
         assert "Traceback" not in tail, tail
 
 
-def test_docker_cmd_serves_healthz_from_clean_install(
+def test_docker_cmd_becomes_ready_from_clean_install(
     served: tuple[int, Path], installed: Venv, docker: list[tuple[str, str]]
 ) -> None:
     port, log = served
-    url = f"http://127.0.0.1:{port}/healthz"
+    url = f"http://127.0.0.1:{port}/readyz"
     deadline = time.monotonic() + SERVE_TIMEOUT_S
     status = None
     while time.monotonic() < deadline:
-        status = _healthz(url)
+        status = _http_status(url)
         if status == 200:
             break
         time.sleep(0.2)
     output = log.read_text(encoding="utf-8", errors="replace")
-    assert status == 200, f"/healthz gave {status} after {SERVE_TIMEOUT_S}s; output:\n{output}"
+    assert status == 200, f"/readyz gave {status} after {SERVE_TIMEOUT_S}s; output:\n{output}"
     assert f"http://127.0.0.1:{port}/mcp" in output, output
 
     # The image's HEALTHCHECK command, pointed at this port, passes against the running gateway.

@@ -47,6 +47,9 @@ class Unreachable(UpstreamChannel, Upstream):
     def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
         raise AssertionError("unexpected stateless request")
 
+    def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:
+        raise AssertionError("unexpected readiness check")
+
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
         pass
 

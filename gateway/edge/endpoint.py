@@ -402,10 +402,14 @@ class McpEndpoint:
             return self._modern_upstream_tasks
         async with self._probe_lock:  # one probe, however many requests arrive before it answers
             if self._modern_upstream_tasks is None:
-                self._modern_upstream_tasks = await self._probe_modern_tasks()
+                learned = await self._probe_modern_tasks()
+                if learned is None:  # the upstream is not usable (yet): learn once it is
+                    return False
+                self._modern_upstream_tasks = learned
         return self._modern_upstream_tasks
 
-    async def _probe_modern_tasks(self) -> bool:
+    async def _probe_modern_tasks(self) -> bool | None:
+        """Whether the upstream declares the tasks extension; None when it could not be asked."""
         probe = {
             "jsonrpc": "2.0",
             "id": "mcp-task-gateway-discover",
@@ -422,6 +426,8 @@ class McpEndpoint:
                 await exchange.cancel()
                 log.warning("the upstream did not answer server/discover; assuming it has no tasks")
                 return False
+        if exchange.failure is not None:
+            return None
         result = final.get("result")
         # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
         return isinstance(result, dict) and upstream_declares_tasks(result)

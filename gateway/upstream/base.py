@@ -31,6 +31,9 @@ Tap = Callable[["UpstreamChannel", str | None, Message], Awaitable[Message]]
 unsolicited messages); returns the message as the gateway's clients must see it."""
 LossListener = Callable[[str], Awaitable[None]]
 """Told (with the cause) when the upstream conversation behind a channel ended on the upstream's side."""
+FailureListener = Callable[[str], None]
+"""Told (with the cause) when real traffic found the upstream unusable: a stdio command that cannot start
+or whose process exits, an HTTP upstream that does not answer. Must not block (readiness re-checks)."""
 
 DEFAULT_EXCHANGE_CAPACITY = 1024
 
@@ -56,6 +59,8 @@ class Exchange:
         self._finished = False
         self._detached = False
         self._cancel_hook: CancelHook | None = None
+        self.failure: str | None = None
+        """Why the link ended this exchange itself (`fail`), or None when the response came from upstream."""
 
     @property
     def finished(self) -> bool:
@@ -88,6 +93,7 @@ class Exchange:
         if self._finished:
             return
         self._finished = True
+        self.failure = text
         if not self._detached:
             self._items.append(jsonrpc.error_response(self.request_id, code, text, data))
             self._readable.set()
@@ -199,6 +205,18 @@ class Upstream(ABC):
     """Whether `stateless()` channels carry many requests at once, so a long one (a subscription)
     holds nothing else up. A leased stdio process does not."""
 
+    @functools.cached_property
+    def _failure_listeners(self) -> list[FailureListener]:
+        return []
+
+    def on_failure(self, listener: FailureListener) -> None:
+        """Call `listener` each time real traffic finds the upstream unusable (see `FailureListener`)."""
+        self._failure_listeners.append(listener)
+
+    def report_failure(self, cause: str) -> None:
+        for listener in self._failure_listeners:
+            listener(cause)
+
     @abstractmethod
     async def open_session(self) -> UpstreamChannel:
         """A channel dedicated to one legacy (handshake-era) client session."""
@@ -215,8 +233,14 @@ class Upstream(ABC):
         """Remember that `channel` issued `affinity` (a `requestState`), for `stateless(affinity)`."""
 
     @abstractmethod
+    def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:
+        """A fresh handshake-era conversation for the readiness probe, ended on exit. It counts against
+        no session limit and is logged at debug level only: a failing upstream is probed again and again."""
+
+    @abstractmethod
     async def start(self) -> None:
-        """Prepare (open HTTP client sessions, warm processes)."""
+        """Prepare (open HTTP client sessions, warm processes). An upstream that cannot start is no
+        error here: requests fail with the cause, and readiness reports it."""
 
     @abstractmethod
     async def close(self) -> None:

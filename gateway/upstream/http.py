@@ -27,6 +27,7 @@ from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
     DEFAULT_EXCHANGE_CAPACITY,
     Exchange,
+    FailureListener,
     UnsolicitedHandler,
     Upstream,
     UpstreamChannel,
@@ -100,9 +101,11 @@ class HttpChannel(UpstreamChannel):
         era: Era,
         exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
         on_close: Callable[[HttpChannel], None] | None = None,
+        on_failure: FailureListener | None = None,
     ) -> None:
         self.era = era
         self._on_close = on_close
+        self._on_failure = on_failure
         self._client = client
         self._url = url
         self._config = config
@@ -190,7 +193,10 @@ class HttpChannel(UpstreamChannel):
         try:
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream unreachable: {_describe(exc)}")
+            cause = f"upstream unreachable: {_describe(exc)}"
+            exchange.fail(jsonrpc.INTERNAL_ERROR, cause)
+            if self._on_failure is not None:
+                self._on_failure(cause)
             return
         if is_initialize and self.era is Era.LEGACY and 200 <= response.status < 300:
             session_id = response.headers.get(SESSION_HEADER)
@@ -416,7 +422,8 @@ class HttpChannel(UpstreamChannel):
         message = await self.tapped(None, message)
         handler = self._handler
         if handler is None:
-            self._metrics.notifications_dropped.labels(method=str(message.get("method", "(response)"))).inc()
+            method = str(message.get("method", "(response)"))
+            self._metrics.notifications_undelivered.labels(method=method, reason="no_session").inc()
             return
         try:
             await handler(message)
@@ -504,6 +511,15 @@ class HttpUpstream(Upstream):
         return channel
 
     @contextlib.asynccontextmanager
+    async def probe_session(self) -> AsyncIterator[HttpChannel]:
+        channel = self._channel(Era.LEGACY, probe=True)
+        self._channels.add(channel)
+        try:
+            yield channel
+        finally:
+            await channel.close()
+
+    @contextlib.asynccontextmanager
     async def stateless(self, affinity: str | None = None) -> AsyncIterator[HttpChannel]:
         if self._shared is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
@@ -512,11 +528,19 @@ class HttpUpstream(Upstream):
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
         """Nothing to do: every stateless request reaches the same upstream endpoint."""
 
-    def _channel(self, era: Era) -> HttpChannel:
+    def _channel(self, era: Era, *, probe: bool = False) -> HttpChannel:
+        """A channel; a readiness probe's reports no failures (the probe reads them from its exchange)."""
         if self._client is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
         return HttpChannel(
-            self._client, self.url, self._config, self._metrics, era, self._capacity, on_close=self._channels.discard
+            self._client,
+            self.url,
+            self._config,
+            self._metrics,
+            era,
+            self._capacity,
+            on_close=self._channels.discard,
+            on_failure=None if probe else self.report_failure,
         )
 
 

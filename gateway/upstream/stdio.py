@@ -9,7 +9,9 @@ number of processes is capped by `max_processes`.
 On one process several exchanges may be in flight, so ids are rewritten: each upstream request gets a
 gateway-chosen integer id, which is also its progress token, and responses, progress notifications and
 `notifications/cancelled` are mapped back. A process that dies fails its in-flight exchanges at once;
-the next request respawns it and, for a session, replays the recorded handshake first.
+the next request respawns it and, for a session, replays the recorded handshake first. A command that
+cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
+the upstream's failure listeners (readiness); the gateway itself keeps running.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.upstream.base import Exchange, FailureListener, UnsolicitedHandler, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.upstream.stdio")
 
@@ -44,6 +46,12 @@ the task's life, so its progress keeps arriving after the CreateTaskResult."""
 
 PINNED_STATE_TTL_S = 600.0
 """How long a requestState keeps its process pinned (the SDK's own requestState lifetime)."""
+
+STDERR_DRAIN_S = 0.5
+"""How long an exited process's stderr is read on for its last line, which usually names the cause."""
+
+MAX_CAUSE_CHARS = 300
+"""Longest stderr line quoted in an exit cause (a client's error message, /readyz's reason)."""
 
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
@@ -64,21 +72,37 @@ class _Route:
 
 
 class StdioProcess:
-    """One running subprocess and the routing of its messages to exchanges."""
+    """One running subprocess and the routing of its messages to exchanges.
 
-    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, capacity: int) -> None:
+    `on_failure` hears a start failure or an unexpected exit. A readiness probe's process has none, logs
+    at debug level only and counts no restart: a failing command is probed again and again."""
+
+    def __init__(
+        self,
+        command: list[str],
+        config: StdioConfig,
+        metrics: Metrics,
+        capacity: int,
+        on_failure: FailureListener | None,
+    ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
         self._capacity = capacity
+        self._on_failure = on_failure
+        self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
         self._routes: dict[int, _Route] = {}
         self._by_client_id: dict[RequestId, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._answered = False
+        self._last_stderr = ""
         self.abandoned_requests = False
         self.exited = asyncio.Event()
+        self.exit_cause: str | None = None
+        """Why the process is not running: it could not be started, or it exited (with the code)."""
         self.unsolicited: UnsolicitedHandler | None = None
         self.channel: UpstreamChannel | None = None
         """The conversation this process serves: its tap sees every message, its loss listeners the exit."""
@@ -93,19 +117,27 @@ class StdioProcess:
         return self._proc is not None and not self.exited.is_set()
 
     async def start(self) -> None:
+        """Spawn the command. One that cannot be started leaves the process not alive, `exit_cause` set."""
         env = {**os.environ, **self._config.env}
-        self._proc = await asyncio.create_subprocess_exec(
-            *self._command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=self._config.cwd,
-            limit=self._config.line_limit_bytes,
-            start_new_session=True,
-        )
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self._command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=self._config.cwd,
+                limit=self._config.line_limit_bytes,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.exit_cause = f"cannot start the upstream command: {exc}"
+            log.debug("upstream command cannot start", extra={"command": self._command, "cause": self.exit_cause})
+            if self._on_failure is not None:
+                self._on_failure(self.exit_cause)
+            return
         self._metrics.upstream_processes.inc()
-        log.info("upstream process started", extra={"pid": self._proc.pid, "command": self._command})
+        log.debug("upstream process started", extra={"pid": self._proc.pid, "command": self._command})
         self._tasks = [
             asyncio.create_task(self._read_stdout(), name=f"stdio-out-{self._proc.pid}"),
             asyncio.create_task(self._read_stderr(), name=f"stdio-err-{self._proc.pid}"),
@@ -115,7 +147,7 @@ class StdioProcess:
         client_id = message["id"]
         exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
         if not self.alive:
-            exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process is not running")
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
             return exchange
         upstream_id = next(self._ids)
         params = message.get("params")
@@ -133,8 +165,15 @@ class StdioProcess:
         exchange.on_cancel(lambda: self._cancel(upstream_id, "client disconnected"))
         if not await self._write(outgoing):
             self._forget(upstream_id)
-            exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process is not running")
+            # The process is going away (a command that exits at once): its exit code says why.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.shutdown_timeout_s):
+                    await self.exited.wait()
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
         return exchange
+
+    def _not_running(self) -> str:
+        return self.exit_cause or "upstream process is not running"
 
     async def notify(self, message: Message) -> None:
         if message.get("method") == "notifications/cancelled":
@@ -191,6 +230,7 @@ class StdioProcess:
                     log.warning("upstream wrote a line that is not JSON", extra={"line": text})
                     continue
                 if isinstance(message, dict):
+                    self._answered = True
                     await self._route(message)
         except ValueError:
             log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
@@ -236,7 +276,7 @@ class StdioProcess:
         if self.channel is not None:
             message = await self.channel.tapped(None, message)
         if self.unsolicited is None:
-            self._metrics.notifications_dropped.labels(method=str(message.get("method"))).inc()
+            self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason="no_session").inc()
             return
         await self.unsolicited(message)
 
@@ -245,7 +285,9 @@ class StdioProcess:
         stderr, pid = self._proc.stderr, self._proc.pid
         with contextlib.suppress(Exception):
             while line := await stderr.readline():
-                log.info("upstream: %s", line.decode(errors="replace").rstrip(), extra={"pid": pid})
+                text = line.decode(errors="replace").rstrip()
+                self._last_stderr = text[:MAX_CAUSE_CHARS] or self._last_stderr
+                log.log(self._stderr_level, "upstream: %s", text, extra={"pid": pid})
 
     async def _on_exit(self) -> None:
         assert self._proc is not None
@@ -254,17 +296,31 @@ class StdioProcess:
         except TimeoutError:
             self._proc.kill()
             code = await self._proc.wait()
+        await asyncio.wait(self._tasks[1:], timeout=STDERR_DRAIN_S)  # the stderr reader: its last line
+        self.exit_cause = f"upstream process exited (code {code})"
+        if not self._answered:
+            # A start failure (a missing script, a bad argument): stderr usually says which.
+            self.exit_cause += " before answering anything" + (f": {self._last_stderr}" if self._last_stderr else "")
         if not self.exited.is_set():
             self.exited.set()
             self._metrics.upstream_processes.dec()
-        if not self._stopping:
-            self._metrics.upstream_restarts.inc()
-            log.warning("upstream process exited", extra={"pid": self._proc.pid, "code": code})
         routes = list(self._routes.values())
+        if not self._stopping:
+            # A process that was serving is a crash worth a warning; one that died before anything was
+            # asked of it is a start failure, which readiness reports once.
+            serving = (self._answered or bool(routes)) and self._on_failure is not None
+            log.log(
+                logging.WARNING if serving else logging.DEBUG,
+                "upstream process exited",
+                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause},
+            )
+            if self._on_failure is not None:
+                self._metrics.upstream_restarts.inc()
+                self._on_failure(self.exit_cause)
         self._routes.clear()
         self._by_client_id.clear()
         for route in routes:
-            route.exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream process exited (code {code})")
+            route.exchange.fail(jsonrpc.INTERNAL_ERROR, self.exit_cause)
         if not self._stopping and self.channel is not None:
             await self.channel.report_loss(f"the upstream process exited (code {code})")
 
@@ -298,8 +354,9 @@ class StdioChannel(UpstreamChannel):
     respawned process, so the client's session survives an upstream crash.
     """
 
-    def __init__(self, upstream: StdioUpstream) -> None:
+    def __init__(self, upstream: StdioUpstream, *, probe: bool = False) -> None:
         self._upstream = upstream
+        self._probe = probe
         self._process: StdioProcess | None = None
         self._spawn_lock = asyncio.Lock()
         self._handshake: list[Message] = []
@@ -319,7 +376,7 @@ class StdioChannel(UpstreamChannel):
         async with self._spawn_lock:
             if self._process is not None and self._process.alive:
                 return self._process
-            process = self._upstream.new_process()
+            process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
             process.channel = self
             await process.start()
@@ -372,7 +429,8 @@ class StdioChannel(UpstreamChannel):
         process, self._process = self._process, None
         if process is not None:
             await process.stop()
-        self._upstream.forget(self)
+        if not self._probe:
+            self._upstream.forget(self)
 
 
 class StdioUpstream(Upstream):
@@ -388,8 +446,10 @@ class StdioUpstream(Upstream):
         self._channels: set[StdioChannel] = set()
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
 
-    def new_process(self) -> StdioProcess:
-        return StdioProcess(self._command, self._config, self._metrics, self._capacity)
+    def new_process(self, *, probe: bool) -> StdioProcess:
+        return StdioProcess(
+            self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
+        )
 
     def forget(self, channel: StdioChannel) -> None:
         """Called once by a closing channel: its process slot is free again."""
@@ -422,6 +482,16 @@ class StdioUpstream(Upstream):
 
     async def open_session(self) -> UpstreamChannel:
         return await self._new_channel(0)
+
+    @asynccontextmanager
+    async def probe_session(self) -> AsyncIterator[UpstreamChannel]:
+        # Outside max_processes: readiness runs one probe at a time, and a full pool must not hide a
+        # command that no longer starts.
+        channel = StdioChannel(self, probe=True)
+        try:
+            yield channel
+        finally:
+            await channel.close()
 
     @asynccontextmanager
     async def stateless(self, affinity: str | None = None) -> AsyncIterator[UpstreamChannel]:

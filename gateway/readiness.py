@@ -1,0 +1,165 @@
+"""Whether the upstream is usable, kept current for /readyz without touching the upstream per call.
+
+A check opens a fresh handshake-era upstream conversation (`Upstream.probe_session`) and sends
+`initialize`. The upstream is usable when it answers, with a result or with its own JSON-RPC error (a
+2026-07-28-only server refuses `initialize` but runs); it is not when the link ends the request itself
+(the command cannot start or exits first, the URL does not answer or answers with an HTTP error) or
+nothing answers within `server.initialize_timeout_s`.
+
+One background task owns the checks: while the upstream is unusable it checks again with capped
+exponential backoff; while usable, when real traffic reports an upstream failure (`Upstream.on_failure`)
+and every `recheck_interval_s`. Each change of state is logged once; /readyz only reads the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from gateway.config import ReadinessConfig, UpstreamConfig
+from gateway.metrics import Metrics
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Message
+from gateway.upstream.base import Upstream
+
+log = logging.getLogger("gateway.readiness")
+
+Status = Literal["starting", "ready", "unready"]
+
+PROBE_INITIALIZE: Message = {
+    "jsonrpc": "2.0",
+    "id": "mcp-task-gateway-readiness",
+    "method": "initialize",
+    "params": {
+        "protocolVersion": Era.LEGACY.value,
+        "capabilities": {},
+        "clientInfo": {"name": "mcp-task-gateway-readiness", "version": "1"},
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamState:
+    status: Status
+    reason: str | None
+    """Why the upstream is not usable (None when it is)."""
+    since: float
+    """Wall-clock time of the last change of status."""
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def body(self) -> dict[str, Any]:
+        """The /readyz body. It names no command line or URL: /readyz needs no credentials."""
+        since = datetime.fromtimestamp(self.since, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        body: dict[str, Any] = {"status": self.status, "since": since}
+        if self.reason is not None:
+            body["reason"] = self.reason
+        return body
+
+
+def retry_delays(initial_s: float, max_s: float) -> Iterator[float]:
+    """initial_s, doubling each time, capped at max_s."""
+    delay = initial_s
+    while True:
+        yield delay
+        delay = min(delay * 2, max_s)
+
+
+def upstream_name(config: UpstreamConfig) -> str:
+    """How the log names the upstream: its command line or URL."""
+    if config.command:
+        return f"command `{shlex.join(config.command)}`"
+    return str(config.url)
+
+
+class Readiness:
+    """The upstream's usability, checked in the background (`start`/`stop`) and read by /readyz (`state`)."""
+
+    def __init__(
+        self, upstream: Upstream, name: str, config: ReadinessConfig, check_timeout_s: float, metrics: Metrics
+    ) -> None:
+        self._upstream = upstream
+        self._name = name
+        self._config = config
+        self._check_timeout_s = check_timeout_s
+        self._metrics = metrics
+        self._state = UpstreamState("starting", "the first check of the upstream has not finished", time.time())
+        self._suspect = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        upstream.on_failure(self._on_traffic_failure)
+
+    @property
+    def state(self) -> UpstreamState:
+        return self._state
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="readiness")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _on_traffic_failure(self, cause: str) -> None:
+        self._suspect.set()
+
+    async def check(self) -> str | None:
+        """Check the upstream once: None when it is usable, else why not."""
+        async with self._upstream.probe_session() as channel:
+            exchange = await channel.request(PROBE_INITIALIZE, {})
+            try:
+                async with asyncio.timeout(self._check_timeout_s):
+                    await exchange.collect()
+            except TimeoutError:
+                await exchange.cancel()
+                return f"initialize not answered within {self._check_timeout_s:g} s"
+        return None if exchange.failure is None else f"initialize failed: {exchange.failure}"
+
+    async def _run(self) -> None:
+        delays = retry_delays(self._config.retry_initial_s, self._config.retry_max_s)
+        while True:
+            self._suspect.clear()
+            try:
+                problem = await self.check()
+            except Exception as exc:  # a bug here must not stop readiness from being kept
+                log.exception("the upstream check failed")
+                problem = f"the upstream check failed: {exc}"
+            self._record(problem)
+            if problem is not None:
+                await asyncio.sleep(next(delays))
+                continue
+            delays = retry_delays(self._config.retry_initial_s, self._config.retry_max_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._config.recheck_interval_s or None):
+                    await self._suspect.wait()
+            # A burst of failing requests costs one check per retry_initial_s at most.
+            await asyncio.sleep(self._config.retry_initial_s)
+
+    def _record(self, problem: str | None) -> None:
+        previous = self._state
+        status: Status = "ready" if problem is None else "unready"
+        self._state = UpstreamState(status, problem, previous.since if status == previous.status else time.time())
+        self._metrics.upstream_ready.set(1 if problem is None else 0)
+        self._metrics.upstream_checks.labels(outcome="usable" if problem is None else "unusable").inc()
+        if status == previous.status:
+            return
+        if problem is None:
+            log.info("upstream %s %s", self._name, "ready" if previous.status == "starting" else "usable again")
+        else:
+            log.warning(
+                "upstream %s not usable%s (%s); checking again in the background, /readyz answers 503 until it is",
+                self._name,
+                "" if previous.status == "starting" else " any more",
+                problem,
+            )
