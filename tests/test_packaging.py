@@ -292,6 +292,11 @@ def test_docker_cmd_becomes_ready_from_clean_install(
     check = [arg.replace(":8765/", f":{port}/") for arg in exec_form(check_args)]
     done = subprocess.run(check, env=installed.env(), capture_output=True, text=True, timeout=15)
     assert done.returncode == 0, f"HEALTHCHECK failed: {done.stdout}{done.stderr}"
+    # Against /readyz's 503 (here: a path that answers 404 on the same server) it fails in one line.
+    unready = [arg.replace("/readyz", "/no-such-path") for arg in check]
+    done = subprocess.run(unready, env=installed.env(), capture_output=True, text=True, timeout=15)
+    assert done.returncode == 1, f"HEALTHCHECK passed against a 404: {done.stdout}{done.stderr}"
+    assert done.stderr.startswith("not ready: HTTP Error 404") and "Traceback" not in done.stderr, done.stderr
 
 
 # -------------------------------------------------------------------------------------------- check-config
