@@ -65,7 +65,8 @@ ROUTED_METHODS = {
     Era.LEGACY: frozenset({"tasks/get", "tasks/result", "tasks/cancel"}),
     Era.MODERN: frozenset({"tasks/get", "tasks/update", "tasks/cancel"}),
 }
-"""The client's requests that name one task: answered by the upstream conversation that holds it."""
+"""The client's requests that name one task: answered by the upstream conversation that holds it, until
+the task ended (then by its record)."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
 ASK_ID_PREFIX = "mcp-task-gateway-"
 """The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
@@ -100,7 +101,7 @@ class UpstreamTask:
     input_keys: set[str] = field(default_factory=set)
     failures: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to poll at once (a legacy tasks/result answered: the task just ended)."""
+    """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
     ending: bool = False
     """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
     listening: bool = False
