@@ -127,6 +127,9 @@ class RetentionConfig(_Section):
     max_event_age_s: float = Field(default=3600.0, gt=0)
     terminal_retention_s: float = Field(default=600.0, ge=0)
     max_payload_bytes: int = Field(default=65_536, gt=0)
+    max_result_bytes: int = Field(default=4 * MiB, gt=0)
+    """The largest task result (or error) a task record keeps, serialized; a larger one is replaced by
+    an error that says so."""
 
 
 class CaptureRule(_Section):

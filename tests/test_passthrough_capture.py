@@ -1,10 +1,12 @@
 """Unit tests of pass-through capture: the channel tap (`Passthrough.observe`) fed by hand, with a real
-registry and event log. No upstream runs: the channel below carries nothing, and polls are set far
-beyond the test's life. The flows against real upstreams are in test_upstream_with_tasks.py and
-test_upstream_modern_tasks.py."""
+registry and event log. No upstream runs: the channel below only answers the gateway's own
+`tasks/result` for an ended task, and polls are set far beyond the test's life. The flows against real
+upstreams are in test_upstream_with_tasks.py, test_upstream_modern_tasks.py and
+test_passthrough_outcome.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -18,6 +20,7 @@ from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
+from gateway.tasks import passthrough as passthrough_module
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import Task, TaskRegistry
 from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
@@ -27,10 +30,20 @@ PREFIX = Config().events.prefix + "."
 
 
 class Unreachable(UpstreamChannel, Upstream):
-    """Stands for the upstream and its one conversation; nothing here may send anything upstream."""
+    """Stands for the upstream and its one conversation. The only request it takes is the gateway's
+    own `tasks/result` for a task in `results` (upstream id -> the answer's `result` or `error`),
+    answered through the tap like a real link; a task missing there never gets an answer."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, Message] = {}
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        raise AssertionError(f"unexpected upstream request {message}")
+        assert message["method"] == "tasks/result", f"unexpected upstream request {message}"
+        exchange = Exchange(message["id"], message["method"], channel=self)
+        answer = self.results.get(message["params"]["taskId"])
+        if answer is not None:
+            await exchange.deliver({"jsonrpc": "2.0", "id": message["id"], **answer})
+        return exchange
 
     async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
         raise AssertionError("unexpected notification")
@@ -66,7 +79,9 @@ async def setup() -> tuple[Passthrough, Unreachable]:
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(config.tasks, config.retention, MemoryEventLog(1000), capture)
     channel = Unreachable()
-    return Passthrough(registry, channel, config.tasks, Metrics()), channel
+    passthrough = Passthrough(registry, channel, config.tasks, Metrics())
+    channel.tap = passthrough.observe  # as the endpoint sets it on a conversation whose upstream has tasks
+    return passthrough, channel
 
 
 def legacy_task(
@@ -109,6 +124,7 @@ async def test_a_push_before_the_create_result_is_recorded_once_learned(setup: t
 
 async def test_status_changes_are_recorded_once_and_stale_views_never(setup: tuple[Passthrough, Unreachable]) -> None:
     passthrough, channel = setup
+    channel.results["u2"] = {"result": {"content": []}}
     task = await adopt_legacy(passthrough, channel, "u2")
     for view in (
         legacy_task("u2", message="started", updated="T1"),  # the same as the create result: nothing new
@@ -119,6 +135,8 @@ async def test_status_changes_are_recorded_once_and_stale_views_never(setup: tup
         legacy_task("u2", "failed", "too late", updated="T4"),  # terminal states never change
     ):
         await passthrough.observe(channel, None, push(view))
+    async with asyncio.timeout(5):
+        await task.done.wait()  # the watcher fetched the result: the record is terminal with it
     recorded = await events(passthrough, task)
     assert [(kind, payload.get("status"), payload.get("statusMessage")) for kind, payload in recorded] == [
         ("task.created", "working", None),
@@ -127,7 +145,59 @@ async def test_status_changes_are_recorded_once_and_stale_views_never(setup: tup
         ("task.status", "completed", "step 1"),
         ("task.terminal", "completed", None),
     ]
-    assert task.terminal
+    await passthrough.stop()
+
+
+async def test_an_ended_legacy_task_turns_terminal_with_the_upstream_result_in_its_record(
+    setup: tuple[Passthrough, Unreachable],
+) -> None:
+    passthrough, channel = setup
+    result = {"content": [{"type": "text", "text": "done"}], "_meta": {RELATED: {"taskId": "u6"}}}
+    channel.results["u6"] = {"result": result}
+    task = await adopt_legacy(passthrough, channel, "u6")
+    assert task.created_at == "T0"  # the upstream's times, not the gateway's
+    await passthrough.observe(channel, None, push(legacy_task("u6", "completed", "done", updated="T9")))
+    async with asyncio.timeout(5):
+        await task.done.wait()
+    # Exactly the upstream's answer to tasks/result, in the client's task id.
+    assert task.outcome == {"result": {**result, "_meta": {RELATED: {"taskId": task.id}}}}
+    assert task.legacy_view() == {**legacy_task(task.id, "completed", "done", updated="T9"), "ttl": 60000}
+    kind, terminal = (await events(passthrough, task))[-1]
+    assert (kind, terminal) == (
+        "task.terminal",
+        {"status": "completed", "isError": False, "content": [{"type": "text", "bytes": 4}]},
+    )
+
+    # An upstream error (a cancelled task's "no result stored") is kept as it is, too.
+    channel.results["u7"] = {"error": {"code": -32603, "message": "Task u7 has no result stored"}}
+    cancelled = await adopt_legacy(passthrough, channel, "u7")
+    await passthrough.observe(
+        channel, "tasks/cancel", {"jsonrpc": "2.0", "id": 5, "result": legacy_task("u7", "cancelled")}
+    )
+    async with asyncio.timeout(5):
+        await cancelled.done.wait()
+    assert cancelled.outcome == {"error": {"code": -32603, "message": "Task u7 has no result stored"}}
+    await passthrough.stop()
+
+
+async def test_a_result_the_upstream_does_not_give_in_time_is_recorded_as_unavailable(
+    setup: tuple[Passthrough, Unreachable], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passthrough, channel = setup
+    monkeypatch.setattr(passthrough_module, "ASK_TIMEOUT_S", 0.2)
+    task = await adopt_legacy(passthrough, channel, "u8")  # no answer scripted: tasks/result never answers
+    await passthrough.observe(channel, None, push(legacy_task("u8", "completed", updated="T2")))
+    async with asyncio.timeout(5):
+        await task.done.wait()
+    assert task.status.value == "completed"
+    assert task.outcome == {
+        "error": {
+            "code": -32603,
+            "message": "the task's result is unavailable: the upstream did not answer tasks/result within 0.2 s",
+            "data": {"reason": "result_unavailable"},
+        }
+    }
+    await passthrough.stop()
 
 
 async def test_progress_for_the_creating_token_and_related_messages_are_captured(
@@ -196,7 +266,7 @@ async def test_losing_the_conversation_fails_its_tasks_naming_the_cause(setup: t
     passthrough, channel = setup
     task = await adopt_legacy(passthrough, channel, "u4")
     await channel.report_loss("the upstream process exited (code -9)")
-    assert task.terminal and task.upstream.gone
+    assert task.terminal
     kind, terminal = (await events(passthrough, task))[-1]
     assert kind == "task.terminal"
     assert terminal == {

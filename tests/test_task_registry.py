@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
+from gateway.tasks.hosted import related_outcome
 from gateway.tasks.registry import TaskLimitReached, TaskRegistry, TaskStatus
 
 
-def registry(record_events: bool = True, **tasks: object) -> TaskRegistry:
-    config = Config.model_validate({"tasks": tasks})
+def registry(record_events: bool = True, retention: dict[str, object] | None = None, **tasks: object) -> TaskRegistry:
+    config = Config.model_validate({"tasks": tasks, "retention": retention or {}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     return TaskRegistry(config.tasks, config.retention, MemoryEventLog(100), capture, record_events=record_events)
 
@@ -65,3 +67,27 @@ async def test_with_events_disabled_nothing_is_recorded() -> None:
     await tasks.set_status(task, TaskStatus.FAILED, "boom")
     assert task.status is TaskStatus.FAILED
     assert (await tasks.bounds(task)).next_seq == 0
+
+
+async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
+    tasks = registry(retention={"max_result_bytes": 100})
+    small = {"content": [{"type": "text", "text": "x" * 50}]}
+    kept = await tasks.create("a", "t", None)
+    await tasks.set_status(kept, TaskStatus.COMPLETED, outcome={"result": small})
+    assert kept.outcome == {"result": small}
+
+    large = {"content": [{"type": "text", "text": "x" * 100}]}
+    size = len(orjson.dumps(large))
+    task = await tasks.create("a", "t", None)
+    await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"result": large})
+    error = {
+        "code": -32603,
+        "message": f"the task's result ({size} bytes) exceeded the gateway's cap of 100 bytes and was not kept",
+        "data": {"reason": "result_too_large", "size": size, "limit": 100},
+    }
+    assert task.status is TaskStatus.COMPLETED
+    assert related_outcome(task, 7) == {"jsonrpc": "2.0", "id": 7, "error": error}  # what tasks/result answers
+    view = task.modern_view()
+    assert view["status"] == "completed" and view["error"] == error and "result" not in view
+    events = await tasks.log.read(task.id, -1, 10)
+    assert b"exceeded the gateway's cap of 100 bytes" in events[-1].body  # the terminal event says so too

@@ -141,12 +141,16 @@ async def test_fail_job_and_cancel_end_the_log(client: Client, upstream: Upstrea
     assert (await client.result("tasks/result", {"taskId": failed}))["isError"] is True
     events = await timeline(upstream.gateway, failed)
     assert statuses(events)[-1] == ("failed", None)
-    # The result stays canonical upstream (tasks/result): the terminal event only says how it ended.
-    assert kind(events[-1]) == "task.terminal" and events[-1]["payload"] == {"status": "failed"}
+    # The record keeps the upstream's tasks/result answer; the terminal event summarises it.
+    summary = {"status": "failed", "isError": True, "content": [{"type": "text", "bytes": 26}]}
+    assert kind(events[-1]) == "task.terminal" and events[-1]["payload"] == summary
 
     cancelled = await start(client, "slow_job", {"steps": 20, "delay": STEP_S})
     view = await client.result("tasks/cancel", {"taskId": cancelled})
     assert view["taskId"] == cancelled and view["status"] == "cancelled"
     events = await timeline(upstream.gateway, cancelled)
     assert statuses(events)[-1] == ("cancelled", "cancelled by the client")
-    assert kind(events[-1]) == "task.terminal" and events[-1]["payload"] == {"status": "cancelled"}
+    # Its tasks/result is the upstream's error (in the upstream's own words), kept and summarised.
+    error = {"code": -32603, "message": f"Task {cancelled.partition('.')[2]} was cancelled"}
+    assert kind(events[-1]) == "task.terminal" and events[-1]["payload"] == {"status": "cancelled", "error": error}
+    assert (await client.request("tasks/result", {"taskId": cancelled})).final["error"] == error

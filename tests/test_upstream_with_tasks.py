@@ -33,6 +33,7 @@ import aiohttp
 import pytest
 
 from gateway.client import GatewayClient
+from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
 from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, stop_process, wait_for_port
 from tests.test_upstream_crash import descendants, kill_all
@@ -517,6 +518,60 @@ async def test_the_timeline_is_complete_after_the_creating_session_is_gone(pair:
     events = await timeline(pair.url, task_id)  # a new client; the stream ends with the task
     check_log_shape(events, "completed")
     assert statuses(events) == [*RESEARCH_STAGES, ("completed", "Generating report...")]
+
+
+async def watched_tasks(http: aiohttp.ClientSession, url: str) -> float:
+    """The gateway's `mcp_gateway_upstream_tasks` gauge: pass-through tasks whose watcher still holds
+    their upstream conversation open."""
+    async with http.get(url.removesuffix("/mcp") + "/metrics") as response:
+        text = await response.text()
+    match = re.search(r"^mcp_gateway_upstream_tasks (\S+)$", text, re.MULTILINE)
+    assert match, text
+    return float(match.group(1))
+
+
+async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_is_gone(pair: Pair) -> None:
+    """The creating session is deleted mid-task, and its upstream conversation closes when the task ends:
+    a new session of the same caller still gets tasks/get (completed) and tasks/result (both as a
+    direct run's) and the whole stream, all from the task's record; `tail` exits 0."""
+
+    async def direct_run() -> tuple[Message, Message]:
+        task_id = (await start_research(pair.direct, "outlived"))["result"]["task"]["taskId"]
+        result = await pair.direct("tasks/result", {"taskId": task_id})
+        return result, await pair.direct("tasks/get", {"taskId": task_id})
+
+    direct = asyncio.create_task(direct_run())
+    task_id = (await start_research(pair.gateway, "outlived"))["result"]["task"]["taskId"]
+    assert await pair.client.delete() == 200
+    events = await timeline(pair.url, task_id)  # a new session; the stream ends with the task
+    async with asyncio.timeout(CALL_TIMEOUT):
+        while True:  # the task's watcher ended: its conversation is closed (the channel refuses requests)
+            if await watched_tasks(pair.client.http, pair.url) == 0:
+                break
+            await asyncio.sleep(0.05)
+    direct_result, direct_done = await direct
+
+    later = Client(pair.client.http, pair.url, LEGACY)
+    await asyncio.wait_for(later.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
+    try:
+        call = client_call(later)
+        done = await call("tasks/get", {"taskId": task_id})
+        assert done["result"]["taskId"] == task_id and done["result"]["status"] == "completed", done
+        assert body(done) == body(direct_done)
+        result = await call("tasks/result", {"taskId": task_id})
+        assert "# Research Report: outlived" in result["result"]["content"][0]["text"], result
+        assert result["result"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+        assert body(result) == body(direct_result)
+    finally:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            await asyncio.wait_for(later.delete(), STOP_TIMEOUT)
+
+    check_log_shape(events, "completed")
+    assert statuses(events) == [*RESEARCH_STAGES, ("completed", "Generating report...")]
+    text = result["result"]["content"][0]["text"]
+    assert events[-1]["payload"]["content"] == [{"type": "text", "bytes": len(text)}]
+    assert await timeline(pair.url, task_id) == events  # from another session again: the same whole log
+    assert await asyncio.to_thread(tail_main, pair.url, task_id) == 0  # what `mcp-task-gateway tail` runs
 
 
 async def followed_through(url: str, task_id: str, kill: Callable[[], None]) -> list[dict[str, Any]]:

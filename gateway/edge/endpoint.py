@@ -291,7 +291,9 @@ class McpEndpoint:
         answer_route: ResponseRoute | None = None
         if call.method in ROUTED_METHODS[call.era]:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
-            if task.upstream.gone:  # the upstream lost it; the gateway's record of its end answers
+            if task.terminal:
+                # Its record holds how it ended (the outcome too) and answers, exactly and even once
+                # the upstream conversation that held the task is gone.
                 return await self._tasks.task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
             channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()

@@ -18,6 +18,12 @@ token, notifications with related-task `_meta`, and the upstream's requests for 
 when no push came for a poll interval (rarely, while a 2026-07-28 subscription covers it: see
 `pushes`), keeps the upstream conversation open until the task ends, and fails the task (naming the
 cause) when the upstream loses it.
+
+Outcome. When the upstream says a task ended, its outcome goes into the task record before the record
+turns terminal: inlined in a 2026-07-28 view, else fetched at once by the watcher (2025-11-25
+`tasks/result`, answered exactly as the upstream gave it; or a `tasks/get` when a 2026-07-28 view left
+it out), within `ASK_TIMEOUT_S`; a failed fetch keeps an error saying why. From then on the record
+answers the task's requests (see the endpoint), so they work after the upstream conversation is gone.
 """
 
 from __future__ import annotations
@@ -59,10 +65,14 @@ ROUTED_METHODS = {
     Era.LEGACY: frozenset({"tasks/get", "tasks/result", "tasks/cancel"}),
     Era.MODERN: frozenset({"tasks/get", "tasks/update", "tasks/cancel"}),
 }
-"""The client's requests that name one task: answered by the upstream conversation that holds it."""
+"""The client's requests that name one task: answered by the upstream conversation that holds it, until
+the task ended (then by its record)."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
-POLL_ID_PREFIX = "mcp-task-gateway-poll-"
-POLL_TIMEOUT_S = 10.0
+ASK_ID_PREFIX = "mcp-task-gateway-"
+"""The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
+ASK_TIMEOUT_S = 10.0
+RESULT_UNAVAILABLE = "result_unavailable"
+"""`data.reason` of the error kept when the gateway could not fetch an ended task's outcome."""
 POLL_FAILURES = 3
 """Failed polls in a row (no answer, transport errors) after which the task is failed."""
 STASH_TTL_S = 60.0
@@ -91,9 +101,9 @@ class UpstreamTask:
     input_keys: set[str] = field(default_factory=set)
     failures: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to poll at once (a legacy tasks/result answered: the task just ended)."""
-    gone: bool = False
-    """The gateway failed the task because the upstream lost it: the gateway's record answers for it."""
+    """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
+    ending: bool = False
+    """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
     listening: bool = False
     """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
 
@@ -181,7 +191,7 @@ class Passthrough:
         self._watchers: set[asyncio.Task[None]] = set()
         self._pushes: dict[str, TaskPushes] = {}
         """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
-        self._poll_ids = itertools.count(1)
+        self._ask_ids = itertools.count(1)
 
     # -- upstream to client: the channel tap ------------------------------------------------------
 
@@ -256,14 +266,16 @@ class Passthrough:
             ref.poll_interval_ms = interval
         text = view.get("statusMessage")
         seen = (status, text if isinstance(text, str) else None)
-        if seen != ref.seen and not task.terminal:
+        if seen != ref.seen and not task.terminal and not ref.ending:
             ref.seen = seen
-            outcome: Message | None = None
-            if status is TaskStatus.COMPLETED and "result" in view:
-                outcome = {"result": view["result"]}
-            elif status is TaskStatus.FAILED and "error" in view:
-                outcome = {"error": view["error"]}
-            await self.registry.set_status(task, status, seen[1], outcome=outcome)
+            outcome = inlined_outcome(view) if ref.era is Era.MODERN else None
+            if status.terminal and outcome is None and (ref.era is Era.LEGACY or status is not TaskStatus.CANCELLED):
+                ref.ending = True  # the record turns terminal with the outcome in it: the watcher fetches it
+                ref.wake.set()
+            else:
+                await self.registry.set_status(
+                    task, status, seen[1], outcome=outcome, updated_at=ref.last_updated_at or None
+                )
         requests = view.get("inputRequests")
         if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
             for key, request in requests.items():
@@ -355,6 +367,8 @@ class Passthrough:
         token = jsonrpc.meta_of(request).get("progressToken")
         ref = UpstreamTask(channel, view["taskId"][len(prefix) :], era, dict(headers), task.poll_interval_ms, token)
         task.upstream = ref
+        if isinstance(view.get("createdAt"), str):  # the record tells the upstream's times, as it would
+            task.created_at = task.last_updated_at = view["createdAt"]
         capture = self.registry.capture
         notes = [event for message in earlier if "id" not in message and (event := capture.from_notification(message))]
         if notes:
@@ -407,13 +421,16 @@ class Passthrough:
         self._metrics.upstream_tasks.inc()
         try:
             while not task.terminal:
+                if ref.ending:
+                    await self._end(task, await self._fetch_outcome(task))
+                    break
                 # Due one interval after the upstream last said something (a push, or the start of
                 # the last poll, so the poll's own round trip does not stretch the period).
                 wait = max(ref.heard_at, ref.polled_at) + self._interval_s(ref) - time.monotonic()
                 if wait > 0 and not await wait_any((task.done, ref.wake), wait):
                     continue  # waited it out: due now, unless a push came meanwhile (recomputed)
-                if task.terminal:
-                    break
+                if task.terminal or ref.ending:
+                    continue
                 ref.wake.clear()
                 ref.polled_at = time.monotonic()
                 await self._poll(task)
@@ -428,30 +445,9 @@ class Passthrough:
 
     async def _poll(self, task: Task) -> None:
         ref: UpstreamTask = task.upstream
-        message: Message = {
-            "jsonrpc": "2.0",
-            "id": f"{POLL_ID_PREFIX}{next(self._poll_ids)}",
-            "method": "tasks/get",
-            "params": {"taskId": ref.upstream_id},
-        }
         self._metrics.upstream_task_polls.inc()
-        if ref.era is Era.LEGACY:
-            final = await self._ask(ref.channel, message, ref.headers)
-        else:
-            message["params"]["_meta"] = {
-                PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0],
-                CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
-            }
-            headers = {
-                "MCP-Protocol-Version": MODERN_VERSIONS[0],
-                "Mcp-Method": "tasks/get",
-                "Mcp-Name": ref.upstream_id,
-            }
-            async with self._upstream.stateless(task.id) as channel:
-                channel.tap = self.observe
-                self._upstream.pin(task.id, channel)
-                final = await self._ask(channel, message, headers)
-        error = final.get("error")
+        final = await self._ask_upstream(task, "tasks/get")
+        error = final.get("error") if final is not None else {"message": f"no answer within {ASK_TIMEOUT_S:g} s"}
         if not isinstance(error, dict):
             ref.failures = 0
             return
@@ -462,20 +458,71 @@ class Passthrough:
         if ref.failures >= POLL_FAILURES:
             await self.fail(task, f"tasks/get failed {ref.failures} times in a row: {error.get('message')}")
 
-    async def _ask(self, channel: UpstreamChannel, message: Message, headers: Mapping[str, str]) -> Message:
+    async def _fetch_outcome(self, task: Task) -> Message:
+        """The ended task's outcome from the upstream: a 2025-11-25 `tasks/result` answer as it is, the
+        result or error inlined in a 2026-07-28 `tasks/get`; else an error saying why there is none."""
+        ref: UpstreamTask = task.upstream
+        method = "tasks/result" if ref.era is Era.LEGACY else "tasks/get"
+        final = await self._ask_upstream(task, method)
+        if final is None:
+            return unavailable(f"the upstream did not answer {method} within {ASK_TIMEOUT_S:g} s")
+        if ref.era is Era.LEGACY:
+            return {"error": final["error"]} if "error" in final else {"result": final.get("result")}
+        view = final.get("result")
+        outcome = inlined_outcome(view) if isinstance(view, dict) else None
+        if outcome is not None:
+            return outcome
+        error = final.get("error")
+        cause = error.get("message") if isinstance(error, dict) else "its tasks/get carried neither result nor error"
+        return unavailable(f"the upstream said the task ended, but {cause}")
+
+    async def _end(self, task: Task, outcome: Message) -> None:
+        """The record turns terminal as the upstream last described it, with `outcome` kept."""
+        ref: UpstreamTask = task.upstream
+        assert ref.seen is not None
+        status, message = ref.seen
+        await self.registry.set_status(task, status, message, outcome=outcome, updated_at=ref.last_updated_at or None)
+
+    async def _ask_upstream(self, task: Task, method: str) -> Message | None:
+        """Ask the upstream `method` about the task on its conversation (2026-07-28: the pooled channel
+        it is pinned to); its answer, or None after ASK_TIMEOUT_S."""
+        ref: UpstreamTask = task.upstream
+        kind = "poll" if method == "tasks/get" else method.removeprefix("tasks/")
+        message: Message = {
+            "jsonrpc": "2.0",
+            "id": f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}",
+            "method": method,
+            "params": {"taskId": ref.upstream_id},
+        }
+        if ref.era is Era.LEGACY:
+            return await self._ask(ref.channel, message, ref.headers)
+        message["params"]["_meta"] = {
+            PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0],
+            CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+        }
+        headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": method, "Mcp-Name": ref.upstream_id}
+        async with self._upstream.stateless(task.id) as channel:
+            channel.tap = self.observe
+            self._upstream.pin(task.id, channel)
+            return await self._ask(channel, message, headers)
+
+    async def _ask(self, channel: UpstreamChannel, message: Message, headers: Mapping[str, str]) -> Message | None:
         exchange = await channel.request(message, headers)
         try:
-            async with asyncio.timeout(POLL_TIMEOUT_S):
+            async with asyncio.timeout(ASK_TIMEOUT_S):
                 return (await exchange.collect())[-1]
         except TimeoutError:
             await exchange.cancel()
-            return jsonrpc.error_response(message["id"], jsonrpc.INTERNAL_ERROR, "no answer to tasks/get")
+            return None
 
     async def fail(self, task: Task, cause: str) -> None:
-        """The task cannot end normally any more: a terminal `failed` naming the cause."""
+        """The task cannot end normally any more: a terminal `failed` naming the cause; or, when the
+        upstream already said it ended, that end with an outcome saying why it is unavailable."""
+        if task.upstream.ending:
+            await self._end(task, unavailable(cause))
+            return
         outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
-        if await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome):
-            task.upstream.gone = True
+        await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome)
 
     def _loss_listener(self, channel: UpstreamChannel) -> Callable[[str], Awaitable[None]]:
         async def lost(cause: str) -> None:
@@ -490,6 +537,21 @@ class Passthrough:
         await asyncio.gather(*self._watchers, return_exceptions=True)
         for pushes in self._pushes.values():
             await pushes.stop()
+
+
+def inlined_outcome(view: Mapping[str, Any]) -> Message | None:
+    """The outcome a 2026-07-28 DetailedTask carries: `result` when completed, `error` when failed."""
+    if view.get("status") == TaskStatus.COMPLETED and "result" in view:
+        return {"result": view["result"]}
+    if view.get("status") == TaskStatus.FAILED and "error" in view:
+        return {"error": view["error"]}
+    return None
+
+
+def unavailable(cause: str) -> Message:
+    """The outcome kept for an ended task whose result the gateway could not fetch: -32603 saying why."""
+    text = f"the task's result is unavailable: {cause}"
+    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": {"reason": RESULT_UNAVAILABLE}}}
 
 
 def _canceller(watcher: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:

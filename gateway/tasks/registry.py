@@ -3,7 +3,8 @@
 A task belongs to the caller that created it (`owner`), never to a transport session, so any later
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
 that it exists. Status changes go through `set_status`, which records the lifecycle event in the
-task's log before anyone can observe the new status. Tasks are dropped when their TTL runs out; their
+task's log before anyone can observe the new status, and keeps a terminal outcome within
+`[retention] max_result_bytes`. Tasks are dropped when their TTL runs out; their
 event logs `terminal_retention_s` after they end (whichever comes first).
 """
 
@@ -21,12 +22,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds
+from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
 log = logging.getLogger("gateway.tasks")
+
+RESULT_TOO_LARGE = "result_too_large"
+"""`data.reason` of the error kept instead of a result larger than `[retention] max_result_bytes`."""
 
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
@@ -179,7 +186,8 @@ class Task:
             view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
         if self.outcome is not None and self.status is TaskStatus.COMPLETED and "result" in self.outcome:
             view["result"] = self.outcome["result"]
-        if self.outcome is not None and self.status is TaskStatus.FAILED and "error" in self.outcome:
+        if self.outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in self.outcome:
+            # A failure, or a completed task whose result the gateway could not keep (it says why).
             view["error"] = self.outcome["error"]
         return view
 
@@ -260,20 +268,28 @@ class TaskRegistry:
         await self.log.append(task.id, [self.capture.encode(event) for event in events])
 
     async def set_status(
-        self, task: Task, status: TaskStatus, message: str | None = None, *, outcome: Message | None = None
+        self,
+        task: Task,
+        status: TaskStatus,
+        message: str | None = None,
+        *,
+        outcome: Message | None = None,
+        updated_at: str | None = None,
     ) -> bool:
-        """Move a task to `status`; False when it is already terminal (terminal states never change)."""
+        """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
+        False when it is already terminal (terminal states never change). A terminal `outcome` is kept
+        within `max_result_bytes`."""
         if task.terminal:
             return False
         task.status = status
         task.status_message = message
-        task.last_updated_at = iso_now()
+        task.last_updated_at = updated_at or iso_now()
         detail = {"statusMessage": message} if message is not None else {}
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         if status.terminal:
-            task.outcome = outcome
+            task.outcome = None if outcome is None else bounded(outcome, self._retention.max_result_bytes)
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, outcome)))
+            events.append(self.capture.lifecycle("task.terminal", **summarize(status, task.outcome)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
         # Status first, then the events: a stream that wakes on the append already sees it terminal.
         await self.record(task, *events)
@@ -322,6 +338,17 @@ class TaskRegistry:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+
+
+def bounded(outcome: Message, limit: int) -> Message:
+    """`outcome` if its result (or error) serializes to at most `limit` bytes, else an error saying
+    that it exceeded the cap (`data.reason` "result_too_large")."""
+    size = len(orjson.dumps(outcome.get("result", outcome.get("error"))))
+    if size <= limit:
+        return outcome
+    text = f"the task's result ({size} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
+    data = {"reason": RESULT_TOO_LARGE, "size": size, "limit": limit}
+    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
 
 
 def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:
