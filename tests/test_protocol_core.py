@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import base64
+import datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.edge import checks
+from gateway.events.stream import recorded_at
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value
 from gateway.protocol.era import Era
@@ -186,3 +190,20 @@ def test_content_type_must_be_json() -> None:
         with pytest.raises(ProtocolError) as info:
             checks.check_content_type(bad)
         assert info.value.http_status == 415
+
+
+def test_recorded_at_is_utc_iso8601_with_milliseconds() -> None:
+    assert recorded_at(0.0) == b"1970-01-01T00:00:00.000Z"
+    assert recorded_at(1796118180.1234) == b"2026-12-01T09:43:00.123Z"
+    # Rounding carries into the next second rather than printing .1000.
+    assert recorded_at(1796118180.9996) == b"2026-12-01T09:43:01.000Z"
+
+
+@given(st.lists(st.floats(min_value=1.5e9, max_value=4e9), min_size=2, max_size=20))
+def test_recorded_at_keeps_order_and_is_within_half_a_millisecond(times: list[float]) -> None:
+    times.sort()
+    texts = [recorded_at(t).decode() for t in times]
+    assert texts == sorted(texts)
+    for t, text in zip(times, texts, strict=True):
+        parsed = datetime.datetime.fromisoformat(text).timestamp()
+        assert abs(parsed - t) <= 0.0005 + 1e-6, (t, text)

@@ -8,7 +8,8 @@ One test per numbered rule (`test_rule<N>_...`, both eras where the era matters)
 4. A terminal task with nothing after the cursor: the empty result at once; a live stream ends with
    the result right after the last event.
 5. Every notification is exactly {seq, taskId, type, payload, _meta}, related-task == taskId, the type
-   under the configured vendor prefix, the payload an object.
+   under the configured vendor prefix, the payload an object; `_meta` also carries the time the event
+   was recorded (not served), which never decreases within a task.
 6. At most one active stream per task per (legacy) session: a second one is -32602.
 7. Cancelling the stream stops delivery, not the task.
 8. Progress on the stream's own token is not a task event and leaves seq contiguous.
@@ -26,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import random
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +45,7 @@ from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.wire import (
     LEGACY,
     MODERN,
+    RECORDED_AT,
     RELATED_TASK,
     Client,
     Message,
@@ -270,6 +274,7 @@ async def test_rule5_every_notification_is_an_exact_task_event(
 ) -> None:
     async with asyncio.timeout(30):
         task_id, _ = done_task
+        opened = datetime.datetime.now(datetime.UTC)
         reply = await (await stream(client_for(era, legacy, gw, http), task_id)).rest()
         notifications = reply.messages[:-1]
         assert notifications and reply.notifications == notifications, reply.messages
@@ -279,12 +284,23 @@ async def test_rule5_every_notification_is_an_exact_task_event(
             params = message["params"]
             assert set(params) == {"seq", "taskId", "type", "payload", "_meta"}, params
             assert params["taskId"] == task_id, params
-            assert params["_meta"] == {RELATED_TASK: {"taskId": task_id}}, params
+            assert params["_meta"] == {RELATED_TASK: {"taskId": task_id}, RECORDED_AT: params["_meta"][RECORDED_AT]}
             assert isinstance(params["type"], str) and params["type"].startswith(PREFIX + "."), params
             assert len(params["type"]) > len(PREFIX) + 1, params
             assert isinstance(params["payload"], dict), params
             assert isinstance(params["seq"], int) and not isinstance(params["seq"], bool), params
         assert_contiguous(seqs(notifications), 0)
+        recorded = [recorded_at(message) for message in notifications]
+        assert recorded == sorted(recorded), recorded
+        # The task finished before this stream opened: a time taken when serving would be later.
+        assert recorded[-1] <= opened, (recorded[-1], opened)
+
+
+def recorded_at(message: Message) -> datetime.datetime:
+    """The event's recording time, checked to be UTC ISO 8601 with milliseconds (`...T09:43:00.123Z`)."""
+    text = message["params"]["_meta"][RECORDED_AT]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", text), text
+    return datetime.datetime.fromisoformat(text)
 
 
 # -- rule 6: one stream per task per session --------------------------------------------------------

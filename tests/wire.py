@@ -27,6 +27,7 @@ MODERN = "2026-07-28"
 ACCEPT = "application/json, text/event-stream"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+RECORDED_AT = "io.github.mcp-task-gateway/recordedAt"
 
 Message = dict[str, Any]
 

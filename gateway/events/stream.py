@@ -8,6 +8,8 @@ when it is caught up; a slow client costs a blocked write, never a growing buffe
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway import sse
-from gateway.events.capture import RELATED_TASK_KEY
+from gateway.events.capture import RECORDED_AT_KEY, RELATED_TASK_KEY
 from gateway.events.log import EventLog, LogBounds, StoredEvent
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
@@ -81,28 +83,51 @@ def plan_stream(task_id: str, after: int | None, bounds: LogBounds, terminal: bo
     return StreamStart(after + 1)
 
 
+def recorded_at(created: float) -> bytes:
+    """`created` (seconds since the epoch) as UTC ISO 8601 with milliseconds, e.g. ``2026-12-01T09:43:00.123Z``.
+
+    Rounding is monotonic, so times that never decrease keep never decreasing once formatted.
+    """
+    second, millisecond = divmod(round(created * 1000), 1000)
+    return b"%s.%03dZ" % (_utc_second(second), millisecond)
+
+
+@functools.lru_cache(maxsize=4)
+def _utc_second(second: int) -> bytes:
+    # A replay formats many events of the same second: strftime once per second, not once per event.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+
+
 class EventFrames:
-    """Builds `notifications/tasks/event` SSE frames for one task from stored event bodies."""
+    """Builds `notifications/tasks/event` SSE frames for one task from stored event bodies.
+
+    Each event's `_meta` carries the related task (SEP-2694's MUST) and the time the gateway recorded it.
+    """
 
     def __init__(self, task_id: str) -> None:
         quoted = orjson.dumps(task_id)
-        self._head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
+        head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
         self._middle = b',"taskId":' + quoted + b","
-        self._tail = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}}}}"
+        meta = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}"
+        self._meta_open = meta + b',"' + RECORDED_AT_KEY.encode() + b'":"'
         # The same frame as sse.encode_message(message), split around the varying parts.
-        self._open_frame, self._close_frame = sse.encode_message(self._head + b"\0").split(b"\0")
-        self._close_frame = self._tail + self._close_frame
-
-    def message(self, event: StoredEvent) -> bytes:
-        return self._head + b"%d" % event.seq + self._middle + event.body + self._tail
+        self._open_frame, close_frame = sse.encode_message(head + b"\0").split(b"\0")
+        self._meta_close = b'"}}}' + close_frame
 
     def frames(self, events: list[StoredEvent]) -> bytes:
         """SSE frames for a batch, joined once (the replay hot path: no per-event concatenation)."""
-        open_frame, close_frame = self._open_frame, self._close_frame
-        middle = self._middle
+        open_frame, middle, meta_open, meta_close = self._open_frame, self._middle, self._meta_open, self._meta_close
         parts: list[bytes] = []
         for event in events:
-            parts += (open_frame, b"%d" % event.seq, middle, event.body, close_frame)
+            parts += (
+                open_frame,
+                b"%d" % event.seq,
+                middle,
+                event.body,
+                meta_open,
+                recorded_at(event.created),
+                meta_close,
+            )
         return b"".join(parts)
 
 
