@@ -214,9 +214,10 @@ async def tasks(
             assert task_id is not None
             if action == "result":
                 return await show_outcome(client, task_id, output)
-            if action == "cancel":
-                await client.cancel_task(task_id)
-            view = (await client.get_task(task_id))["result"]
+            answer = await (client.cancel_task(task_id) if action == "cancel" else client.get_task(task_id))
+            view = answer["result"]
+            if "status" not in view:  # a 2026-07-28 tasks/cancel answers without the task
+                view = (await client.get_task(task_id))["result"]
             output.line(view, task_line(view))
             return EXIT_COMPLETED
     except GatewayError as exc:

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, TextIO
 
 import orjson
@@ -109,7 +110,7 @@ class Timeline:
         payload = event.get("payload")
         summary = self.summary(kind, payload if isinstance(payload, dict) else {})
         recorded = recorded_at(event)
-        stamp = _clock(recorded.timestamp()) if recorded is not None else "~" + _clock(arrived)
+        stamp = _clock(recorded) if recorded is not None else "~" + _clock(datetime.fromtimestamp(arrived))
         seq = f"{event.get('seq'):>6}"
         kind_text = f"{kind:<16}"
         if self._color:
@@ -118,9 +119,10 @@ class Timeline:
         return f"{seq}  {stamp}  {kind_text}  {summary}"
 
 
-def _clock(when: float) -> str:
+def _clock(when: datetime) -> str:
     """`HH:MM:SS.mmm` in local time."""
-    return time.strftime("%H:%M:%S", time.localtime(when)) + f".{int(when % 1 * 1000):03d}"
+    local = when.astimezone()
+    return f"{local:%H:%M:%S}.{local.microsecond // 1000:03d}"
 
 
 def _kind_color(kind: str, payload: object) -> str:
