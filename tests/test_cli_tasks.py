@@ -17,13 +17,15 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway import __version__
+from gateway.client import recorded_at
+from gateway.client.tail import Timeline
 from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, free_port, start_gateway
 from tests.test_upstream_with_tasks import node_command
 
@@ -70,6 +72,22 @@ def json_lines(out: str) -> list[dict[str, Any]]:
 def local_clock(stamp: str) -> str:
     """How the timeline shows a recordedAt: local time, HH:MM:SS.mmm."""
     return datetime.fromisoformat(stamp).astimezone().strftime("%H:%M:%S.%f")[:-3]
+
+
+def test_timeline_shows_recorded_at_else_the_arrival_marked() -> None:
+    """An event's time is its recordedAt; without one (another server), or with one that does not
+    parse, the time it arrived, marked `~`."""
+    timeline = Timeline(color=False)
+    event = {"seq": 3, "taskId": "t", "type": "io.github.mcp-task-gateway.progress", "payload": {"progress": 1}}
+    stamp = "2026-12-01T09:43:00.372Z"
+    recorded = {**event, "_meta": {RECORDED_AT: stamp}}
+    arrived = 1_700_000_000.25
+    assert recorded_at(recorded) == datetime(2026, 12, 1, 9, 43, 0, 372000, tzinfo=UTC)
+    assert timeline.line(recorded, arrived).split()[:3] == ["3", local_clock(stamp), "progress"]
+    arrival = "~" + datetime.fromtimestamp(arrived).strftime("%H:%M:%S.%f")[:-3]
+    for other in ({}, {"_meta": {}}, {"_meta": {RECORDED_AT: "yesterday"}}, {"_meta": {RECORDED_AT: 5}}):
+        assert recorded_at({**event, **other}) is None
+        assert timeline.line({**event, **other}, arrived).split()[1] == arrival
 
 
 @pytest.fixture
@@ -266,9 +284,12 @@ async def test_passthrough_story(everything: RunningGateway) -> None:
     assert out.splitlines()[-1].split()[2:4] == ["task.terminal", "completed"], out
     assert "Generating report..." in out
 
-    code, out, err = await cli("tasks", url, "list")
+    # tasks/list of an upstream with Tasks is forwarded to the session's own upstream conversation and
+    # lists that conversation's tasks (docs/tasks-stream.md §9); on stdio each session has a process of
+    # its own, so the list of this new session does not show the task (yet: a gateway-side decision).
+    code, out, err = await cli("tasks", url, "list", "--json")
     assert code == 0, err
-    assert task_id in out.split(), out
+    assert all(isinstance(task["taskId"], str) and "status" in task for task in json_lines(out)), out
 
     code, out, err = await cli("tasks", url, "result", task_id)
     assert code == 0, err
