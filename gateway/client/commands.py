@@ -31,13 +31,11 @@ from gateway.client.tail import (
     exit_code,
     failure,
     follow_task,
-    notice,
     run,
     usage_error,
 )
 
 TaskAction = Literal["list", "get", "result", "cancel"]
-TASK_ACTIONS: tuple[TaskAction, ...] = ("list", "get", "result", "cancel")
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -57,11 +55,6 @@ def parse_arguments(text: str | None) -> dict[str, Any]:
 
 
 # -- output ---------------------------------------------------------------------------------------
-
-
-def write_json(out: TextIO, value: object) -> None:
-    out.write(orjson.dumps(value).decode() + "\n")
-    out.flush()
 
 
 def result_text(result: Mapping[str, Any]) -> str:
@@ -101,24 +94,21 @@ def task_line(task: Mapping[str, Any]) -> str:
 
 
 class Output:
-    """Where a command writes: results to `out` (text or JSON), one-line notices to `err`."""
+    """Where a command writes: results to `out` (text or JSON); events and one-line notices through
+    `events`, the printer `tail` uses."""
 
     def __init__(self, prog: str, out: TextIO, err: TextIO, *, json_out: bool) -> None:
-        self.prog = prog
         self.out = out
-        self.err = err
         self.json = json_out
+        self.events = Printer(out, err, json_lines=json_out, prog=prog)
 
     def say(self, text: str) -> None:
-        notice(self.err, text, self.prog)
+        self.events.notice(text)
 
     def line(self, value: object, text: str) -> None:
         """`value` as JSON with --json, else `text`."""
-        if self.json:
-            write_json(self.out, value)
-        else:
-            self.out.write(text + "\n")
-            self.out.flush()
+        self.out.write((orjson.dumps(value).decode() if self.json else text) + "\n")
+        self.out.flush()
 
     def result(self, result: Mapping[str, Any]) -> int:
         """Print a tool's result; EXIT_FAILED when it reports an error (isError), else EXIT_COMPLETED."""
@@ -127,10 +117,6 @@ class Output:
             self.say("the tool reported an error (isError)")
             return EXIT_FAILED
         return EXIT_COMPLETED
-
-    def printer(self) -> Printer:
-        """The event printer `tail` uses, writing here."""
-        return Printer(self.out, self.err, json_lines=self.json, prog=self.prog)
 
 
 # -- call -----------------------------------------------------------------------------------------
@@ -165,7 +151,7 @@ async def call(
                 output.line(result, task_id)
                 return EXIT_COMPLETED
             output.say(f"task {task_id} started; following its events")
-            code = await follow_task(client, task_id, output.printer())
+            code = await follow_task(client, task_id, output.events)
             if code in (EXIT_COMPLETED, EXIT_FAILED):
                 return await show_outcome(client, task_id, output)
             return code
@@ -184,9 +170,7 @@ async def show_outcome(client: GatewayClient, task_id: str, output: Output) -> i
             raise
         output.say(f"task {task_id} {status}: {exc.message} (code {exc.code})")
         return exit_code(status)
-    code = output.result(result)
-    status = str((await client.get_task(task_id))["result"].get("status"))
-    return exit_code(status) if status in ("failed", "cancelled") else code
+    return output.result(result)
 
 
 # -- tasks ----------------------------------------------------------------------------------------

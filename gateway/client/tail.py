@@ -145,10 +145,10 @@ class Printer:
     def __init__(
         self, out: TextIO, err: TextIO, *, json_lines: bool, after: int | None = None, prog: str = "tail"
     ) -> None:
-        self.out = out
-        self.err = err
-        self.json = json_lines
-        self.prog = prog
+        self._out = out
+        self._err = err
+        self._json = json_lines
+        self._prog = prog
         self._after = after
         self._timeline = Timeline(color=not json_lines and out.isatty())
         self.count = 0
@@ -160,14 +160,14 @@ class Printer:
             if self._after is None and self.first > 0:
                 self.notice(f"events before seq {self.first} are no longer retained; starting there")
         self.count += 1
-        if self.json:
-            self.out.write(orjson.dumps(event).decode() + "\n")
+        if self._json:
+            self._out.write(orjson.dumps(event).decode() + "\n")
         else:
-            self.out.write(self._timeline.line(event, time.time()) + "\n")
-        self.out.flush()
+            self._out.write(self._timeline.line(event, time.time()) + "\n")
+        self._out.flush()
 
     def notice(self, text: str) -> None:
-        notice(self.err, text, self.prog)
+        notice(self._err, text, self._prog)
 
 
 def notice(err: TextIO, text: str, prog: str = "tail") -> None:
