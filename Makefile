@@ -2,24 +2,65 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Two installs, two stamps: `run` needs the runtime dependencies only, `test`/`lint` the test extras too.
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 ARGS ?=
 
-.PHONY: run test lint bench demo clean
+.PHONY: venv run test lint bench demo clean
 
 # The Tasks-capable upstream for tests/test_upstream_with_tasks.py (pinned; node_modules is git-ignored).
 SERVER_EVERYTHING := @modelcontextprotocol/server-everything@2026.8.31
+
+# Which interpreter a Python is: "<version> <base prefix> <3.11+?>" (a venv's Python names the one it was
+# made from). Checked for every goal but clean: PYTHON must be 3.11+, and a .venv made by another
+# interpreter (an older Python, or not the one PYTHON names) is made again, saying so in one line.
+IDENTIFY := import sys; print(".".join(map(str, sys.version_info[:3])), sys.base_prefix, sys.version_info >= (3, 11))
+ifneq ($(filter-out clean node_modules,$(or $(MAKECMDGOALS),venv)),)
+WANT := $(shell $(PYTHON) -c '$(IDENTIFY)' 2>/dev/null)
+ifeq ($(WANT),)
+$(error $(PYTHON) does not run: install Python 3.11+ or pass PYTHON=/path/to/python3.11)
+endif
+ifneq ($(word 3,$(WANT)),True)
+$(error $(PYTHON) is Python $(word 1,$(WANT)); the gateway needs 3.11+: pass PYTHON=/path/to/python3.11)
+endif
+ifneq ($(wildcard $(VENV)),)
+HAVE := $(shell $(BIN)/python -c '$(IDENTIFY)' 2>/dev/null)
+ifneq ($(HAVE),$(WANT))
+ifeq ($(HAVE),)
+$(info make: $(VENV)/bin/python does not start; recreating $(VENV) with $(PYTHON) (Python $(word 1,$(WANT))))
+else ifneq ($(word 3,$(HAVE)),True)
+$(info make: $(VENV) runs Python $(word 1,$(HAVE)), older than 3.11; recreating it with $(PYTHON) (Python $(word 1,$(WANT))))
+else
+$(info make: $(VENV) runs Python $(word 1,$(HAVE)) from $(word 2,$(HAVE)), not $(PYTHON) (Python $(word 1,$(WANT)) from $(word 2,$(WANT))); recreating it)
+endif
+ifneq (n,$(findstring n,$(firstword -$(MAKEFLAGS))))
+$(shell rm -rf $(VENV))
+endif
+endif
+endif
+endif
+
+venv: $(BIN)/python
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
 
-run: $(STAMP)
-	$(BIN)/mcp-task-gateway serve --config config/gateway.example.toml --upstream-cmd "$(abspath $(BIN))/python examples/build_server.py" $(ARGS)
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(TEST_STAMP)
+
+# `exec`: the gateway replaces the recipe's shell, so it is make's own child. GNU make passes a SIGTERM
+# on to its children (and Ctrl-C's SIGINT reaches the whole foreground process group): either way the
+# signal reaches the gateway, which stops its upstreams and exits. Without `exec`, only the shell would
+# get make's SIGTERM and the gateway would go on running, orphaned.
+run: $(RUN_STAMP)
+	exec $(BIN)/mcp-task-gateway serve --config config/gateway.example.toml --upstream-cmd "$(abspath $(BIN))/python examples/build_server.py" $(ARGS)
 
 node_modules: node_modules/@modelcontextprotocol/server-everything
 
@@ -27,16 +68,19 @@ node_modules/@modelcontextprotocol/server-everything:
 	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_upstream_with_tasks.py runs $(SERVER_EVERYTHING))" >&2; exit 1; }
 	npm install --no-save --no-audit --no-fund --prefix "$(CURDIR)" $(SERVER_EVERYTHING)
 
-test: $(STAMP) node_modules
+test: $(TEST_STAMP) node_modules
 	$(BIN)/python -m pytest -q $(ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python bench/forwarding.py $(ARGS)
+
+demo: $(RUN_STAMP)
+	exec $(BIN)/mcp-task-gateway demo $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

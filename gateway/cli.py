@@ -1,4 +1,7 @@
-"""The `mcp-task-gateway` command: serve, check-config, tail and demo."""
+"""The `mcp-task-gateway` command: serve, check-config, call, tasks, tail and demo.
+
+Thin: it parses the command line and hands over; the client commands live in `gateway.client`
+(`tail.py`, `commands.py`), the server in `gateway.app`."""
 
 from __future__ import annotations
 
@@ -12,11 +15,23 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from gateway import __version__
 from gateway.config import Config, ConfigError, describe_errors, load_config
+
+EXIT_CODES = (
+    "Exit codes: 0 completed (call --task, tasks list|get|cancel: done), 1 failed (or the tool's result has "
+    "isError), 2 unknown task, another error answer or bad input, 3 cancelled, 4 events no longer retained "
+    "(events_gone), 5 gateway unreachable."
+)
+URL_HELP = "the gateway's MCP endpoint, e.g. http://127.0.0.1:8765/mcp"
+ERA_HELP = "protocol era: legacy (2025-11-25, the default) or modern (2026-07-28)"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mcp-task-gateway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mcp-task-gateway", description=__doc__.split("\n")[0], epilog="call, tasks and tail: " + EXIT_CODES
+    )
+    parser.add_argument("--version", action="version", version=f"mcp-task-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway in front of one MCP server")
@@ -31,19 +46,47 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path")
 
+    call = commands.add_parser(
+        "call",
+        help="call a tool: print its result, or start it as a task (--task) and follow it (--follow)",
+        description="Call a tool and print its result. With --task, start it as a task and print the task id "
+        "(fetch the result later with `tasks URL result TASK_ID`); with --task --follow, print the task's events "
+        "as they arrive, like tail, then its result. " + EXIT_CODES,
+    )
+    call.add_argument("url", metavar="URL", help=URL_HELP)
+    call.add_argument("tool", metavar="TOOL", help="the tool's name")
+    call.add_argument("--args", metavar="JSON", dest="args_json", help="the arguments, a JSON object (default {})")
+    call.add_argument("--task", action="store_true", help="start the call as a task; print its id")
+    call.add_argument("--follow", action="store_true", help="with --task (implied): print its events, then its result")
+    call.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
+    call.add_argument("--json", action="store_true", help="print JSON: the result (one object per line; events too)")
+
+    tasks = commands.add_parser(
+        "tasks",
+        help="list the tasks, or get, fetch the result of, or cancel one",
+        description="One task method: list (tasks/list, legacy era only), get (tasks/get), result (wait for the "
+        "task to end and print its result) or cancel (tasks/cancel, then the task as it is now). " + EXIT_CODES,
+    )
+    tasks.add_argument("url", metavar="URL", help=URL_HELP)
+    tasks.add_argument("action", choices=["list", "get", "result", "cancel"])
+    tasks.add_argument("task_id", metavar="TASK_ID", nargs="?", help="the task (get, result, cancel)")
+    tasks.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
+    tasks.add_argument("--json", action="store_true", help="print JSON: the task, the result, or one task per line")
+
     tail = commands.add_parser(
         "tail",
         help="print a task's events as they arrive (tasks/stream), then exit with its outcome",
-        description="Follow a task's event stream, reconnecting and resuming on its own. Exit codes: 0 completed, "
-        "1 failed, 2 unknown task or error, 3 cancelled, 4 events no longer retained, 5 gateway unreachable.",
+        description="Follow a task's event stream, reconnecting and resuming on its own. Each line shows the "
+        "time the gateway recorded the event (local time); a time marked ~ is when it arrived here, for a "
+        "server that records none. " + EXIT_CODES,
     )
-    tail.add_argument("url", metavar="URL", help="the gateway's MCP endpoint, e.g. http://127.0.0.1:8765/mcp")
+    tail.add_argument("url", metavar="URL", help=URL_HELP)
     tail.add_argument("task_id", metavar="TASK_ID")
     tail.add_argument(
         "--after", metavar="N", type=_seq, help="start after event seq N (default: the earliest retained)"
     )
     tail.add_argument("--json", action="store_true", help="one JSON object per event (the event's params) per line")
-    tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help="protocol era (default legacy)")
+    tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
 
     demo = commands.add_parser(
         "demo", help="run the example server behind an in-process gateway and show tasks/stream end to end"
@@ -112,6 +155,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client import tail
 
             return tail.main(args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era)
+        if args.command == "call":
+            from gateway.client import commands
+
+            return commands.main_call(
+                args.url,
+                args.tool,
+                args.args_json,
+                task=args.task,
+                follow=args.follow,
+                era=args.era,
+                json_out=args.json,
+            )
+        if args.command == "tasks":
+            from gateway.client import commands
+
+            return commands.main_tasks(args.url, args.action, args.task_id, era=args.era, json_out=args.json)
         if args.command == "demo":
             from gateway.client import demo
 

@@ -1,7 +1,8 @@
 """A small SEP-2694 consumer over Streamable HTTP: `GatewayClient` opens task event streams, resumes
 them after a seq, and follows a task to its end across dropped connections (`follow`).
 
-Used by `mcp-task-gateway tail` (`tail.py`) and `demo` (`demo.py`); usable by any asyncio program.
+Used by `mcp-task-gateway tail` (`tail.py`), `call` and `tasks` (`commands.py`) and `demo` (`demo.py`);
+usable by any asyncio program.
 The client (`stream.py`) speaks to any MCP endpoint that serves `tasks/stream`, in either era, and
 never imports the gateway's server side; only `demo.py` does, to run a gateway in-process.
 """
@@ -16,6 +17,7 @@ from gateway.client.stream import (
     StreamDropped,
     StreamGap,
     TransportError,
+    recorded_at,
 )
 
 __all__ = [
@@ -26,4 +28,5 @@ __all__ = [
     "StreamDropped",
     "StreamGap",
     "TransportError",
+    "recorded_at",
 ]

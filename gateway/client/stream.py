@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal
 
@@ -44,6 +45,25 @@ EVENTS_GONE_CODE = -32010
 INVALID_PARAMS = -32602
 REQUEST_CANCELLED = -32800
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+RECORDED_AT_KEY = "io.github.mcp-task-gateway/recordedAt"
+"""`params._meta` key of an event's recording time (UTC ISO 8601, ms): mcp-task-gateway sends it."""
+
+
+def recorded_at(event: Mapping[str, Any]) -> datetime | None:
+    """When the server recorded `event` (a `notifications/tasks/event`'s params), as an aware UTC datetime.
+
+    mcp-task-gateway puts it in `_meta["io.github.mcp-task-gateway/recordedAt"]` ("2026-12-01T09:43:00.123Z",
+    never decreasing within a task); None when the event has none (another SEP-2694 server) or it does
+    not parse, so a replayed event's time is never confused with when it arrived."""
+    meta = event.get("_meta")
+    value = meta.get(RECORDED_AT_KEY) if isinstance(meta, Mapping) else None
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -502,16 +522,20 @@ class GatewayClient:
         Legacy: a task-augmented tools/call (an error if no task was created). Modern: the server
         decides; None when it answered with the plain result instead (use `call_tool` to keep it)."""
         result = await self.call_tool(tool, arguments, task=True, ttl_ms=ttl_ms)
+        task_id = self.created_task(result)
+        if task_id is None and self.era == "legacy":
+            raise GatewayError(f"tools/call {tool!r} did not create a task: {orjson.dumps(result)[:200]!r}")
+        return task_id
+
+    def created_task(self, result: Mapping[str, Any]) -> str | None:
+        """The taskId a tools/call result created (legacy CreateTaskResult, modern `resultType: "task"`),
+        or None when it is the tool's own result."""
         if self.era == "legacy":
             task = result.get("task")
-            if not isinstance(task, dict) or not isinstance(task.get("taskId"), str):
-                raise GatewayError(f"tools/call {tool!r} did not create a task: {orjson.dumps(result)[:200]!r}")
-            task_id: str = task["taskId"]
-            return task_id
-        if result.get("resultType") == "task" and isinstance(result.get("taskId"), str):
-            modern_id: str = result["taskId"]
-            return modern_id
-        return None
+            task_id = task.get("taskId") if isinstance(task, dict) else None
+        else:
+            task_id = result.get("taskId") if result.get("resultType") == "task" else None
+        return task_id if isinstance(task_id, str) else None
 
     async def get_task(self, task_id: str) -> Message:
         """`tasks/get`: the response message; its `result` is the task (modern: with the outcome inlined)."""
@@ -519,6 +543,21 @@ class GatewayClient:
 
     async def cancel_task(self, task_id: str) -> Message:
         return await self.request("tasks/cancel", {"taskId": task_id})
+
+    async def list_tasks(self, *, max_pages: int = 1000) -> list[dict[str, Any]]:
+        """`tasks/list`, every page (following `nextCursor`): the caller's tasks. Legacy only: the
+        2026-07-28 tasks extension has no tasks/list (a server answers method not found)."""
+        tasks: list[dict[str, Any]] = []
+        cursor: object = None
+        for _ in range(max_pages):
+            result = (await self.request("tasks/list", None if cursor is None else {"cursor": cursor}))["result"]
+            page = result.get("tasks")
+            if isinstance(page, list):
+                tasks.extend(task for task in page if isinstance(task, dict))
+            cursor = result.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                return tasks
+        raise GatewayError(f"tasks/list: still more after {max_pages} pages")
 
     async def task_result(self, task_id: str) -> dict[str, Any]:
         """The task's result once it is terminal (legacy: tasks/result, which blocks; modern: tasks/get

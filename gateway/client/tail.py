@@ -4,7 +4,12 @@ Events go to stdout (a readable timeline, or one JSON object per line with `--js
 (reconnects, gaps, the outcome) go to stderr, so stdout stays a clean record of the events. It follows
 the stream with `GatewayClient.follow`: reconnects, resumes after the last printed seq, de-duplicates.
 
-Exit codes: 0 completed, 1 failed, 2 unknown task or another error answer, 3 cancelled,
+The timeline's time is when the server recorded the event (its `recordedAt`, shown in local time), so
+a replayed event shows when it happened; an event without one (another SEP-2694 server) shows when it
+arrived here, marked `~`. `--json` prints each event's params as sent, `_meta` (and recordedAt) included.
+
+The printing, following and exit codes here are shared with `call` and `tasks` (`commands.py`).
+Exit codes: 0 completed, 1 failed, 2 unknown task or another error answer (or bad input), 3 cancelled,
 4 events no longer retained (events_gone), 5 gateway unreachable, 130 interrupted.
 """
 
@@ -14,6 +19,8 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, TextIO
 
 import orjson
@@ -22,9 +29,11 @@ from gateway.client.stream import (
     EraName,
     EventsGone,
     GatewayClient,
+    GatewayError,
     JsonRpcError,
     StreamGap,
     TransportError,
+    recorded_at,
 )
 
 EXIT_COMPLETED = 0
@@ -48,7 +57,8 @@ def _compact(value: object, width: int = SUMMARY_WIDTH) -> str:
 
 
 class Timeline:
-    """Formats events as `seq  time  type  summary` lines; `time` is when the event arrived here."""
+    """Formats events as `seq  time  type  summary` lines; `time` is the event's recordedAt in local
+    time, or, marked `~`, when it arrived here if the server sent none."""
 
     def __init__(self, color: bool) -> None:
         self._color = color
@@ -99,13 +109,20 @@ class Timeline:
         kind = self.short_type(str(event.get("type", "?")))
         payload = event.get("payload")
         summary = self.summary(kind, payload if isinstance(payload, dict) else {})
-        stamp = time.strftime("%H:%M:%S", time.localtime(arrived)) + f".{int(arrived % 1 * 1000):03d}"
+        recorded = recorded_at(event)
+        stamp = _clock(recorded) if recorded is not None else "~" + _clock(datetime.fromtimestamp(arrived))
         seq = f"{event.get('seq'):>6}"
         kind_text = f"{kind:<16}"
         if self._color:
             seq, stamp = _ansi("2", seq), _ansi("2", stamp)
             kind_text = _ansi(_kind_color(kind, payload), kind_text)
         return f"{seq}  {stamp}  {kind_text}  {summary}"
+
+
+def _clock(when: datetime) -> str:
+    """`HH:MM:SS.mmm` in local time."""
+    local = when.astimezone()
+    return f"{local:%H:%M:%S}.{local.microsecond // 1000:03d}"
 
 
 def _kind_color(kind: str, payload: object) -> str:
@@ -122,12 +139,16 @@ def _ansi(code: str, text: str) -> str:
 
 
 class Printer:
-    """Writes each event to `out` (timeline or JSON line) and flushes, so a pipe sees it at once."""
+    """Writes each event to `out` (timeline or JSON line) and flushes, so a pipe sees it at once;
+    `notice` writes a one-line message to `err`, prefixed with the command's name."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, json_lines: bool, after: int | None) -> None:
+    def __init__(
+        self, out: TextIO, err: TextIO, *, json_lines: bool, after: int | None = None, prog: str = "tail"
+    ) -> None:
         self._out = out
         self._err = err
         self._json = json_lines
+        self._prog = prog
         self._after = after
         self._timeline = Timeline(color=not json_lines and out.isatty())
         self.count = 0
@@ -137,7 +158,7 @@ class Printer:
         if self.first is None:
             self.first = event["seq"]
             if self._after is None and self.first > 0:
-                notice(self._err, f"events before seq {self.first} are no longer retained; starting there")
+                self.notice(f"events before seq {self.first} are no longer retained; starting there")
         self.count += 1
         if self._json:
             self._out.write(orjson.dumps(event).decode() + "\n")
@@ -145,10 +166,76 @@ class Printer:
             self._out.write(self._timeline.line(event, time.time()) + "\n")
         self._out.flush()
 
+    def notice(self, text: str) -> None:
+        notice(self._err, text, self._prog)
 
-def notice(err: TextIO, text: str) -> None:
-    err.write(f"tail: {text}\n")
+
+def notice(err: TextIO, text: str, prog: str = "tail") -> None:
+    err.write(f"{prog}: {text}\n")
     err.flush()
+
+
+async def follow_task(
+    client: GatewayClient, task_id: str, printer: Printer, *, after: int | None = None, max_reconnects: int = 10
+) -> int:
+    """Print the task's events to its end (reconnecting as needed), say how it ended; the exit code.
+
+    events_gone is reported here (it needs what was printed); other errors are raised for `failure`."""
+
+    def reconnecting(attempt: int, resume_after: int | None, reason: BaseException) -> None:
+        if isinstance(reason, EventsGone):
+            printer.notice(
+                f"retention dropped the earliest events as the stream started (now seq {reason.earliest_seq}); "
+                "asking again for the earliest retained",
+            )
+            return
+        where = "from the earliest retained event" if resume_after is None else f"after seq {resume_after}"
+        printer.notice(f"stream interrupted ({reason}); reconnecting {where} (attempt {attempt}/{max_reconnects})")
+
+    try:
+        last = await client.follow(
+            task_id, after, on_event=printer.event, on_reconnect=reconnecting, max_reconnects=max_reconnects
+        )
+    except EventsGone as exc:
+        earliest = exc.earliest_seq
+        hint = f"; rerun with --after {earliest - 1} to accept the gap and continue" if earliest is not None else ""
+        if printer.first is not None:
+            lost = f"the events after seq {printer.first + printer.count - 1} (the last printed)"
+        elif after is not None:
+            lost = f"the events after seq {after}"
+        else:
+            lost = "its earliest events"
+        printer.notice(
+            f"events_gone: the gateway no longer retains {lost} of task {task_id}; "
+            f"earliest retained seq is {earliest}{hint}",
+        )
+        return EXIT_EVENTS_GONE
+    task = (await client.get_task(task_id))["result"]
+    status = str(task.get("status"))
+    message = task.get("statusMessage")
+    seqs = "no events" if last is None else f"{printer.count} events, last seq {last}"
+    printer.notice(f"task {task_id} {status}" + (f": {message}" if message else "") + f" ({seqs})")
+    return exit_code(status)
+
+
+def exit_code(status: str) -> int:
+    """The exit code for a task that ended with `status` (2 for anything not terminal)."""
+    return STATUS_EXIT.get(status, EXIT_ERROR)
+
+
+def failure(exc: GatewayError, say: Callable[[str], None], subject: str) -> int:
+    """Say in one line why a command stopped (`subject`: what it was doing, e.g. "task ID"); the exit code."""
+    if isinstance(exc, StreamGap):
+        say(f"{exc}")
+        return EXIT_EVENTS_GONE
+    if isinstance(exc, JsonRpcError):
+        say(f"{subject}: {exc.message} (code {exc.code})")
+        return EXIT_ERROR
+    if isinstance(exc, TransportError):
+        say(f"{subject}: {exc}")
+        return EXIT_UNREACHABLE
+    say(f"{subject}: {exc}")
+    return EXIT_ERROR
 
 
 async def tail(
@@ -164,59 +251,31 @@ async def tail(
 ) -> int:
     """Follow the task's events to its end; return the exit code (see the module docstring)."""
     printer = Printer(out, err, json_lines=json_lines, after=after)
-
-    def reconnecting(attempt: int, resume_after: int | None, reason: BaseException) -> None:
-        if isinstance(reason, EventsGone):
-            notice(
-                err,
-                f"retention dropped the earliest events as the stream started (now seq {reason.earliest_seq}); "
-                "asking again for the earliest retained",
-            )
-            return
-        where = "from the earliest retained event" if resume_after is None else f"after seq {resume_after}"
-        notice(err, f"stream interrupted ({reason}); reconnecting {where} (attempt {attempt}/{max_reconnects})")
-
     try:
         async with GatewayClient(url, era=era) as client:
-            last = await client.follow(
-                task_id, after, on_event=printer.event, on_reconnect=reconnecting, max_reconnects=max_reconnects
-            )
-            task = (await client.get_task(task_id))["result"]
-    except EventsGone as exc:
-        earliest = exc.earliest_seq
-        hint = f"; rerun with --after {earliest - 1} to accept the gap and continue" if earliest is not None else ""
-        if printer.first is not None:
-            lost = f"the events after seq {printer.first + printer.count - 1} (the last printed)"
-        elif after is not None:
-            lost = f"the events after seq {after}"
-        else:
-            lost = "its earliest events"
-        notice(
-            err,
-            f"events_gone: the gateway no longer retains {lost} of task {task_id}; "
-            f"earliest retained seq is {earliest}{hint}",
-        )
-        return EXIT_EVENTS_GONE
-    except StreamGap as exc:
-        notice(err, f"{exc}")
-        return EXIT_EVENTS_GONE
-    except JsonRpcError as exc:
-        notice(err, f"task {task_id}: {exc.message} (code {exc.code})")
-        return EXIT_ERROR
-    except TransportError as exc:
-        notice(err, f"cannot follow task {task_id}: {exc}")
-        return EXIT_UNREACHABLE
-    status = str(task.get("status"))
-    message = task.get("statusMessage")
-    seqs = "no events" if last is None else f"{printer.count} events, last seq {last}"
-    notice(err, f"task {task_id} {status}" + (f": {message}" if message else "") + f" ({seqs})")
-    return STATUS_EXIT.get(status, EXIT_ERROR)
+            return await follow_task(client, task_id, printer, after=after, max_reconnects=max_reconnects)
+    except GatewayError as exc:
+        return failure(exc, printer.notice, f"task {task_id}")
 
 
-def main(url: str, task_id: str, *, after: int | None = None, json_lines: bool = False, era: EraName = "legacy") -> int:
-    """Entry point of `mcp-task-gateway tail`."""
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line (`usage_error`), exit 2."""
+
+
+def check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{url!r} is not an http(s) URL; the gateway's endpoint looks like http://127.0.0.1:8765/mcp")
+
+
+def usage_error(exc: UsageError, prog: str) -> int:
+    notice(sys.stderr, str(exc), prog)
+    return EXIT_ERROR
+
+
+def run(command: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine to its exit code; Ctrl-C is 130, a reader that went away is not an error."""
     try:
-        return asyncio.run(tail(url, task_id, after=after, json_lines=json_lines, era=era))
+        return asyncio.run(command)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -225,3 +284,12 @@ def main(url: str, task_id: str, *, after: int | None = None, json_lines: bool =
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_COMPLETED
+
+
+def main(url: str, task_id: str, *, after: int | None = None, json_lines: bool = False, era: EraName = "legacy") -> int:
+    """Entry point of `mcp-task-gateway tail`."""
+    try:
+        check_url(url)
+    except UsageError as exc:
+        return usage_error(exc, "tail")
+    return run(tail(url, task_id, after=after, json_lines=json_lines, era=era))

@@ -1,0 +1,165 @@
+"""The Makefile: `make run` stops with make, and `.venv` is made again for another interpreter.
+
+Stopping make stops the gateway (and the gateway its upstreams).
+
+GNU make passes a SIGTERM on to its children and waits on SIGINT for the children to stop (a terminal's
+Ctrl-C signals the whole foreground process group). The recipe `exec`s the gateway, so the gateway is
+make's child itself; without `exec` the child is a shell, which dies of the SIGTERM and leaves the
+gateway running. Each case starts `make run` in a process group of its own, waits for /healthz,
+signals make the way a user would, and checks that every process make had started is gone.
+
+`PYTHON` is set to the running venv's python so the Makefile keeps this .venv (it would make it again
+for another interpreter); the first run installs the runtime stamp, so the wait for the gateway is long.
+
+The interpreter check runs when make reads the Makefile; it is tested with `make -n` (which reports
+but deletes nothing) on a copy of the Makefile beside stand-in interpreters that print an identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.test_upstream_crash import descendants, kill_all
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT = 240.0
+"""Seconds for make to install the runtime stamp (first run only) and the gateway to become healthy."""
+STOP_TIMEOUT = 15.0
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to see make's descendants")
+@pytest.mark.parametrize("stop", ["sigterm-to-make", "ctrl-c"])
+def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPATH")}
+    log = tmp_path / "make-run.log"
+    with log.open("wb") as out:
+        make = subprocess.Popen(
+            ["make", "--no-print-directory", "run", f"ARGS=--listen 127.0.0.1:{port}", f"PYTHON={BIN / 'python'}"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not healthy(port):
+            assert make.poll() is None, f"make run exited with {make.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"no healthy gateway on port {port}:\n{log.read_text()}"
+            time.sleep(0.2)
+        started = descendants(make.pid)
+        assert started, "make has no child processes"
+        assert "recreating" not in log.read_text(), "the Makefile must keep the running venv"
+
+        if stop == "sigterm-to-make":
+            os.kill(make.pid, signal.SIGTERM)  # make's pid only, as `kill PID` does
+        else:
+            os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C does: the foreground process group
+        make.wait(timeout=STOP_TIMEOUT)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while left := {pid for pid in started if running(pid)}:
+            assert time.monotonic() < deadline, (
+                f"still running {STOP_TIMEOUT} s after make stopped: {sorted(left)}\n{log.read_text()}"
+            )
+            time.sleep(0.1)
+        assert not healthy(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(make.pid, signal.SIGKILL)
+        kill_all(started)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            make.wait(timeout=5)
+
+
+# -- which interpreter made .venv ------------------------------------------------------------------------
+
+
+def stand_in(path: Path, identity: str) -> Path:
+    """An executable that prints `identity` ("<version> <base prefix> <3.11+?>") whatever it is asked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho '{identity}'\n", encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def dry_run(workdir: Path, python: Path, goal: str = "test") -> subprocess.CompletedProcess[str]:
+    """`make -n GOAL PYTHON=python` with a copy of the Makefile (and an empty pyproject.toml) in workdir."""
+    (workdir / "Makefile").write_text((ROOT / "Makefile").read_text(encoding="utf-8"), encoding="utf-8")
+    (workdir / "pyproject.toml").touch()
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(
+        ["make", "-n", "--no-print-directory", goal, f"PYTHON={python}"],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("venv_identity", "message"),
+    [
+        ("3.11.7 /opt/python3.11 True", None),
+        ("3.9.18 /opt/python3.9 False", ".venv runs Python 3.9.18, older than 3.11; recreating it with"),
+        ("3.12.1 /opt/python3.12 True", ".venv runs Python 3.12.1 from /opt/python3.12, not "),
+        (None, ".venv/bin/python does not start; recreating .venv with"),
+    ],
+    ids=["same", "older", "another", "broken"],
+)
+def test_a_venv_of_another_interpreter_is_made_again(
+    tmp_path: Path, venv_identity: str | None, message: str | None
+) -> None:
+    python = stand_in(tmp_path / "python3.11", "3.11.7 /opt/python3.11 True")
+    if venv_identity is None:
+        (tmp_path / ".venv" / "bin").mkdir(parents=True)  # a venv whose python is gone
+    else:
+        stand_in(tmp_path / ".venv" / "bin" / "python", venv_identity)
+    done = dry_run(tmp_path, python)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if "recreating" in line]
+    if message is None:
+        assert said == [], done.stdout
+    else:
+        assert len(said) == 1 and said[0].startswith("make: ") and message in said[0], done.stdout
+        assert str(python) in said[0]
+
+
+def test_python_older_than_3_11_is_refused(tmp_path: Path) -> None:
+    done = dry_run(tmp_path, stand_in(tmp_path / "python3.9", "3.9.18 /opt/python3.9 False"))
+    assert done.returncode != 0
+    assert "is Python 3.9.18; the gateway needs 3.11+" in done.stderr, done.stderr
+
+
+def test_run_installs_the_runtime_only_and_test_the_extras(tmp_path: Path) -> None:
+    python = stand_in(tmp_path / "python3.11", "3.11.7 /opt/python3.11 True")
+    stand_in(tmp_path / ".venv" / "bin" / "python", "3.11.7 /opt/python3.11 True")
+    planned = {goal: dry_run(tmp_path, python, goal) for goal in ("run", "test", "lint")}
+    assert all(done.returncode == 0 for done in planned.values()), {g: d.stderr for g, d in planned.items()}
+    run = planned["run"].stdout
+    assert "pip install --quiet -e .\n" in run and "[test]" not in run, run
+    assert "exec .venv/bin/mcp-task-gateway serve" in run, run
+    for goal in ("test", "lint"):
+        assert "pip install --quiet -e '.[test]'" in planned[goal].stdout, planned[goal].stdout
