@@ -3,10 +3,13 @@
     python bench/tasks_stream.py replay  [--events 100000]
     python bench/tasks_stream.py resume  [--events 1000000]
     python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4]
+    python bench/tasks_stream.py frames  [--events 100000]
 
 replay and fanout run the real gateway as a subprocess in front of the example server (stdio) and
 read with raw aiohttp clients; resume fills an in-process gateway's log directly (a million events
-through an upstream would take minutes) and times the HTTP round trip to the first event. Each
+through an upstream would take minutes) and times the HTTP round trip to the first event; frames
+times building the SSE frames of stored events in process (the replay's CPU work per event, recording
+time included), with one event per millisecond (each time formatted anew) and ten (a burst). Each
 prints a markdown table; medians unless stated.
 """
 
@@ -35,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.app import REGISTRY, build_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
+from gateway.events.log import StoredEvent  # noqa: E402
+from gateway.events.stream import EventFrames  # noqa: E402
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 FRAME = re.compile(rb'"seq":(\d+)')
@@ -314,6 +319,29 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
         )
 
 
+def bench_frames(events: int, batch: int = 256, runs: int = 15) -> None:
+    task_id = "b217405472fd9192c14b56e317ba5892"
+    print(f"\n## Building tasks/stream frames ({machine()})\n")
+    print(f"| events per millisecond | median ms per {events:,} events | events/s |")
+    print("|---|---|---|")
+    for per_ms in (1, 10):
+        start = time.time()
+        stored = [
+            StoredEvent(seq, start + seq / per_ms / 1000, b'"type":"io.github.mcp-task-gateway.progress",'
+                        b'"payload":{"progress":%d,"total":%d}' % (seq, events))
+            for seq in range(events)
+        ]  # fmt: skip
+        frames = EventFrames(task_id)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            for first in range(0, events, batch):
+                frames.frames(stored[first : first + batch])
+            times.append(time.perf_counter() - started)
+        median = statistics.median(times)
+        print(f"| {per_ms} | {median * 1000:.1f} | {events / median:,.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True)
@@ -324,11 +352,14 @@ def main() -> None:
     fan.add_argument("--rate", type=float, default=1000)
     fan.add_argument("--seconds", type=float, default=30)
     fan.add_argument("--clients", type=int, default=4)
+    sub.add_parser("frames").add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
     if args.bench == "replay":
         asyncio.run(bench_replay(args.events))
     elif args.bench == "resume":
         asyncio.run(bench_resume(args.events))
+    elif args.bench == "frames":
+        bench_frames(args.events)
     else:
         asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients))
 
