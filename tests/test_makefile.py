@@ -23,27 +23,17 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, http_status
 from tests.test_upstream_crash import descendants, kill_all
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT = 240.0
 """Seconds for make to install the runtime stamp (first run only) and the gateway to become healthy."""
 STOP_TIMEOUT = 15.0
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def running(pid: int) -> bool:
@@ -69,7 +59,7 @@ def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
     started: set[int] = set()
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not healthy(port):
+        while http_status(f"http://127.0.0.1:{port}/healthz") != 200:
             assert make.poll() is None, f"make run exited with {make.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"no healthy gateway on port {port}:\n{log.read_text()}"
             time.sleep(0.2)
@@ -88,7 +78,7 @@ def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
                 f"still running {STOP_TIMEOUT} s after make stopped: {sorted(left)}\n{log.read_text()}"
             )
             time.sleep(0.1)
-        assert not healthy(port)
+        assert http_status(f"http://127.0.0.1:{port}/healthz") != 200
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(make.pid, signal.SIGKILL)

@@ -16,15 +16,13 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, http_status
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -236,16 +234,6 @@ def test_dockerfile_shape(docker: list[tuple[str, str]]) -> None:
     assert "curl" not in health and "wget" not in health, "slim images have neither curl nor wget"
 
 
-def _http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @pytest.fixture
 def served(installed: Venv, docker: list[tuple[str, str]], tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """The Dockerfile's CMD, on a free loopback port, run from the replicated build context (the WORKDIR)."""
@@ -278,7 +266,7 @@ def test_docker_cmd_becomes_ready_from_clean_install(
     deadline = time.monotonic() + SERVE_TIMEOUT_S
     status = None
     while time.monotonic() < deadline:
-        status = _http_status(url)
+        status = http_status(url)
         if status == 200:
             break
         time.sleep(0.2)

@@ -18,15 +18,13 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import READY_TIMEOUT, ROOT, free_port
+from tests.conftest import READY_TIMEOUT, ROOT, free_port, http_status
 
 README = ROOT / "README.md"
 MARKER = "<!-- runnable -->"
@@ -86,16 +84,6 @@ def test_the_readme_marks_examples_of_each_kind() -> None:
         assert command in tour, f"no runnable README example uses {command.strip()!r}"
 
 
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 @pytest.fixture(scope="module")
 def gateway_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """The gateway as README's quickstart runs it (the venv's console script), on a free port."""
@@ -124,7 +112,7 @@ def gateway_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         )
     try:
         deadline = time.monotonic() + READY_TIMEOUT
-        while _status(f"http://127.0.0.1:{port}/healthz") != 200:
+        while http_status(f"http://127.0.0.1:{port}/healthz") != 200:
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the gateway did not become healthy:\n{log.read_text(errors='replace')}")
             time.sleep(0.1)
