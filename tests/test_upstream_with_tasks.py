@@ -533,7 +533,8 @@ async def watched_tasks(http: aiohttp.ClientSession, url: str) -> float:
 async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_is_gone(pair: Pair) -> None:
     """The creating session is deleted mid-task, and its upstream conversation closes when the task ends:
     a new session of the same caller still gets tasks/get (completed) and tasks/result (both as a
-    direct run's) and the whole stream, all from the task's record; `tail` exits 0."""
+    direct run's) and the whole stream, all from the task's record; `tail` exits 0. A 2026-07-28
+    client of the same caller gets the same stream and result."""
 
     async def direct_run() -> tuple[Message, Message]:
         task_id = (await start_research(pair.direct, "outlived"))["result"]["task"]["taskId"]
@@ -572,6 +573,12 @@ async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_
     assert events[-1]["payload"]["content"] == [{"type": "text", "bytes": len(text)}]
     assert await timeline(pair.url, task_id) == events  # from another session again: the same whole log
     assert await asyncio.to_thread(tail_main, pair.url, task_id) == 0  # what `mcp-task-gateway tail` runs
+
+    # A task belongs to its caller, not to an era: a 2026-07-28 client gets the same log and outcome.
+    async with GatewayClient(pair.url, era="modern") as modern, asyncio.timeout(CALL_TIMEOUT):
+        assert [event async for event in modern.stream(task_id)] == events
+        assert normalized(await modern.task_result(task_id)) == normalized(result["result"])
+    assert await asyncio.to_thread(tail_main, pair.url, task_id, era="modern") == 0
 
 
 async def followed_through(url: str, task_id: str, kill: Callable[[], None]) -> list[dict[str, Any]]:
