@@ -4,8 +4,9 @@ A task belongs to the caller that created it (`owner`), never to a transport ses
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
 that it exists. Status changes go through `set_status`, which records the lifecycle event in the
 task's log before anyone can observe the new status, and keeps a terminal outcome within
-`[retention] max_result_bytes`. Tasks are dropped when their TTL runs out; their
-event logs `terminal_retention_s` after they end (whichever comes first).
+`[retention] max_result_bytes`. All kept outcomes together stay within `results_budget_bytes`: the
+oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
+runs out; their event logs `terminal_retention_s` after they end (whichever comes first).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import orjson
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds
+from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
@@ -34,6 +36,8 @@ log = logging.getLogger("gateway.tasks")
 
 RESULT_TOO_LARGE = "result_too_large"
 """`data.reason` of the error kept instead of a result larger than `[retention] max_result_bytes`."""
+RESULT_EVICTED = "result_evicted"
+"""`data.reason` of the error kept instead of a result evicted to stay within `results_budget_bytes`."""
 
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
@@ -203,10 +207,12 @@ class TaskRegistry:
         retention: RetentionConfig,
         event_log: EventLog,
         capture: Capture,
+        metrics: Metrics,
         *,
         record_events: bool = True,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._record_events = record_events
         self._retention = retention
         self.log = event_log
@@ -214,6 +220,10 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self._per_owner: collections.Counter[str] = collections.Counter()
         self._log_expiry: dict[str, float] = {}
+        self._kept: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Tasks whose record keeps an outcome, in the order they ended, and each outcome's size (bytes)."""
+        self.kept_bytes = 0
+        """The bytes of every kept outcome together: at most `[retention] results_budget_bytes`."""
         self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -278,7 +288,7 @@ class TaskRegistry:
     ) -> bool:
         """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
         False when it is already terminal (terminal states never change). A terminal `outcome` is kept
-        within `max_result_bytes`."""
+        within `max_result_bytes` and, evicting the oldest kept outcomes, `results_budget_bytes`."""
         if task.terminal:
             return False
         task.status = status
@@ -286,8 +296,10 @@ class TaskRegistry:
         task.last_updated_at = updated_at or iso_now()
         detail = {"statusMessage": message} if message is not None else {}
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        evicted: list[tuple[Task, int]] = []
         if status.terminal:
-            task.outcome = None if outcome is None else bounded(outcome, self._retention.max_result_bytes)
+            task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
+            evicted = self._keep(task, outcome)
             task.settle_input()
             events.append(self.capture.lifecycle("task.terminal", **summarize(status, task.outcome)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
@@ -297,7 +309,40 @@ class TaskRegistry:
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
+        budget = self._retention.results_budget_bytes
+        for victim, size in evicted:
+            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
         return True
+
+    def _keep(self, task: Task, outcome: Message | None) -> list[tuple[Task, int]]:
+        """Keep `task`'s outcome (within `max_result_bytes`), first evicting the oldest kept outcomes
+        until it fits the budget; the tasks evicted and the size each gave up. No await: the budget's
+        bookkeeping is never seen half done."""
+        if outcome is None:
+            task.outcome = None
+            return []
+        task.outcome, size = bounded(outcome, self._retention.max_result_bytes)
+        if task.outcome is not outcome:
+            self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
+        budget = self._retention.results_budget_bytes
+        evicted: list[tuple[Task, int]] = []
+        while self._kept and self.kept_bytes + size > budget:
+            victim_id, victim_size = self._kept.popitem(last=False)
+            self.kept_bytes -= victim_size
+            victim = self._tasks[victim_id]  # expiry forgets a task's kept outcome with the task
+            victim.outcome = evicted_outcome(victim_size, budget)
+            evicted.append((victim, victim_size))
+            self._metrics.results_dropped.labels(reason=RESULT_EVICTED).inc()
+        self._kept[task.id] = size
+        self.kept_bytes += size
+        self._metrics.kept_result_bytes.set(self.kept_bytes)
+        return evicted
+
+    def _forget_outcome(self, task_id: str) -> None:
+        size = self._kept.pop(task_id, None)
+        if size is not None:
+            self.kept_bytes -= size
+            self._metrics.kept_result_bytes.set(self.kept_bytes)
 
     def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep(), name="task-sweeper")
@@ -318,6 +363,7 @@ class TaskRegistry:
             del self._tasks[task.id]
             self._per_owner[task.owner] -= 1
             self._log_expiry.pop(task.id, None)
+            self._forget_outcome(task.id)
             task.log_deleted = True
             task.settle_input()
             if task.cancel is not None and not task.terminal:
@@ -340,14 +386,28 @@ class TaskRegistry:
                 await self._sweeper
 
 
-def bounded(outcome: Message, limit: int) -> Message:
+def bounded(outcome: Message, limit: int) -> tuple[Message, int]:
     """`outcome` if its result (or error) serializes to at most `limit` bytes, else an error saying
-    that it exceeded the cap (`data.reason` "result_too_large")."""
+    that it exceeded the cap (`data.reason` "result_too_large"); and the size of what is kept."""
     size = len(orjson.dumps(outcome.get("result", outcome.get("error"))))
     if size <= limit:
-        return outcome
+        return outcome, size
     text = f"the task's result ({size} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
-    data = {"reason": RESULT_TOO_LARGE, "size": size, "limit": limit}
+    error = {
+        "code": jsonrpc.INTERNAL_ERROR,
+        "message": text,
+        "data": {"reason": RESULT_TOO_LARGE, "size": size, "limit": limit},
+    }
+    return {"error": error}, len(orjson.dumps(error))
+
+
+def evicted_outcome(size: int, budget: int) -> Message:
+    """The error kept instead of a result evicted to make room for newer ones (`data.reason` "result_evicted")."""
+    text = (
+        f"the task's result ({size} bytes) was evicted: the gateway keeps at most {budget} bytes of task "
+        "results, and this was among the oldest"
+    )
+    data = {"reason": RESULT_EVICTED, "size": size, "budget": budget}
     return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
 
 
