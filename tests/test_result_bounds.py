@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,17 +22,13 @@ import pytest
 from tests.conftest import ROOT, RunningGateway, start_gateway
 from tests.wire import MODERN, Client, Message, task_events
 
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
 SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "large_result_server.py")]
 MiB = 1024 * 1024
 RESULT_CHARS = 3_000_000
 TASKS = 40
 TIMEOUT_S = 120
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
 
 
 async def start_blob(client: Client, size: int, delay: float = 0.0) -> str:
@@ -79,9 +73,10 @@ async def test_oversized_results_are_answered_with_an_error_and_not_kept_in_memo
             task_id = await start_blob(client, RESULT_CHARS)
             answer = await task_result(client, task_id)
             size = RESULT_CHARS + len('{"content":[{"type":"text","text":""}],"isError":false}')
+            text = f"the task's result ({size} bytes) exceeded the gateway's cap of {MiB} bytes and was not kept"
             assert answer["error"] == {
                 "code": -32603,
-                "message": f"the task's result ({size} bytes) exceeded the gateway's cap of {MiB} bytes and was not kept",
+                "message": text,
                 "data": {"reason": "result_too_large", "size": size, "limit": MiB},
             }, str(answer)[:300]
             view = await Client(http, gw.url, MODERN).result("tasks/get", {"taskId": task_id})
