@@ -124,7 +124,7 @@ async def test_over_the_budget_the_oldest_result_is_evicted_and_its_log_says_so(
         for _ in range(4):  # about 950 bytes each: the fourth does not fit beside the first three
             ids.append(await start_blob(client, 900))
             assert (await task_result(client, ids[-1]))["result"]["content"][0]["text"] == "x" * 900
-        size = 900 + len('{"content":[{"type":"text","text":""}],"isError":false}')
+        size = 900 + len('{"result":{"content":[{"type":"text","text":""}],"isError":false}}')  # as kept
         evicted = await task_result(client, ids[0])
         assert evicted["error"] == {
             "code": -32603,

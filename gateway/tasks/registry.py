@@ -121,8 +121,9 @@ class Task:
     status_message: str | None = None
     created_at: str = field(default_factory=iso_now)
     last_updated_at: str = ""
-    outcome: Message | None = None
-    """The upstream's final JSON-RPC message for the call (a result or an error), once terminal."""
+    kept_outcome: bytes | None = None
+    """Once terminal, the upstream's final answer for the call as the JSON `{"result": …}` or
+    `{"error": …}`: kept encoded, so what the results budget counts is what it costs."""
     expires_at: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
@@ -152,6 +153,11 @@ class Task:
     def terminal(self) -> bool:
         return self.status.terminal
 
+    @property
+    def outcome(self) -> Message | None:
+        """The kept outcome (`{"result": …}` or `{"error": …}`), decoded afresh for each use."""
+        return None if self.kept_outcome is None else orjson.loads(self.kept_outcome)
+
     def settle_input(self) -> None:
         """The task ended: its pending requests will never be answered upstream."""
         for pending in self.pending_requests.values():
@@ -176,6 +182,7 @@ class Task:
     def modern_view(self) -> dict[str, Any]:
         """The 2026-07-28 (SEP-2663) DetailedTask: `inputRequests` while input_required (the outstanding
         ones), the outcome inlined once terminal."""
+        outcome = self.outcome
         view: dict[str, Any] = {
             "taskId": self.id,
             "status": self.status.value,
@@ -188,11 +195,11 @@ class Task:
             view["statusMessage"] = self.status_message
         if self.status is TaskStatus.INPUT_REQUIRED:
             view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
-        if self.outcome is not None and self.status is TaskStatus.COMPLETED and "result" in self.outcome:
-            view["result"] = self.outcome["result"]
-        if self.outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in self.outcome:
+        if outcome is not None and self.status is TaskStatus.COMPLETED and "result" in outcome:
+            view["result"] = outcome["result"]
+        if outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in outcome:
             # A failure, or a completed task whose result the gateway could not keep (it says why).
-            view["error"] = self.outcome["error"]
+            view["error"] = outcome["error"]
         return view
 
 
@@ -299,9 +306,9 @@ class TaskRegistry:
         evicted: list[tuple[Task, int]] = []
         if status.terminal:
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
-            evicted = self._keep(task, outcome)
+            kept, evicted = self._keep(task, outcome)
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, task.outcome)))
+            events.append(self.capture.lifecycle("task.terminal", **summarize(status, kept)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
         # Status first, then the events: a stream that wakes on the append already sees it terminal.
         await self.record(task, *events)
@@ -314,29 +321,29 @@ class TaskRegistry:
             await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
         return True
 
-    def _keep(self, task: Task, outcome: Message | None) -> list[tuple[Task, int]]:
+    def _keep(self, task: Task, outcome: Message | None) -> tuple[Message | None, list[tuple[Task, int]]]:
         """Keep `task`'s outcome (within `max_result_bytes`), first evicting the oldest kept outcomes
-        until it fits the budget; the tasks evicted and the size each gave up. No await: the budget's
-        bookkeeping is never seen half done."""
+        until it fits the budget; what is kept, and the tasks evicted with the bytes each gave up. No
+        await: the budget's bookkeeping is never seen half done."""
         if outcome is None:
-            task.outcome = None
-            return []
-        task.outcome, size = bounded(outcome, self._retention.max_result_bytes)
-        if task.outcome is not outcome:
+            return None, []
+        kept, task.kept_outcome = bounded(outcome, self._retention.max_result_bytes)
+        if kept is not outcome:
             self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
+        size = len(task.kept_outcome)
         budget = self._retention.results_budget_bytes
         evicted: list[tuple[Task, int]] = []
         while self._kept and self.kept_bytes + size > budget:
             victim_id, victim_size = self._kept.popitem(last=False)
             self.kept_bytes -= victim_size
             victim = self._tasks[victim_id]  # expiry forgets a task's kept outcome with the task
-            victim.outcome = evicted_outcome(victim_size, budget)
+            victim.kept_outcome = orjson.dumps(evicted_outcome(victim_size, budget))
             evicted.append((victim, victim_size))
             self._metrics.results_dropped.labels(reason=RESULT_EVICTED).inc()
         self._kept[task.id] = size
         self.kept_bytes += size
         self._metrics.kept_result_bytes.set(self.kept_bytes)
-        return evicted
+        return kept, evicted
 
     def _forget_outcome(self, task_id: str) -> None:
         size = self._kept.pop(task_id, None)
@@ -386,19 +393,18 @@ class TaskRegistry:
                 await self._sweeper
 
 
-def bounded(outcome: Message, limit: int) -> tuple[Message, int]:
-    """`outcome` if its result (or error) serializes to at most `limit` bytes, else an error saying
-    that it exceeded the cap (`data.reason` "result_too_large"); and the size of what is kept."""
-    size = len(orjson.dumps(outcome.get("result", outcome.get("error"))))
-    if size <= limit:
-        return outcome, size
-    text = f"the task's result ({size} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
-    error = {
-        "code": jsonrpc.INTERNAL_ERROR,
-        "message": text,
-        "data": {"reason": RESULT_TOO_LARGE, "size": size, "limit": limit},
-    }
-    return {"error": error}, len(orjson.dumps(error))
+def bounded(outcome: Message, limit: int) -> tuple[Message, bytes]:
+    """What a record keeps of `outcome`, and its JSON: `{"result": …}` (or `{"error": …}`) if that
+    result (or error) serializes to at most `limit` bytes, else an error saying that it exceeded the cap
+    (`data.reason` "result_too_large")."""
+    key = "error" if "error" in outcome and "result" not in outcome else "result"
+    value = orjson.dumps(outcome.get(key))
+    if len(value) <= limit:
+        return outcome, b'{"%s":%s}' % (key.encode(), value)
+    text = f"the task's result ({len(value)} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
+    data = {"reason": RESULT_TOO_LARGE, "size": len(value), "limit": limit}
+    kept = {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
+    return kept, orjson.dumps(kept)
 
 
 def evicted_outcome(size: int, budget: int) -> Message:
