@@ -89,7 +89,9 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    registry = TaskRegistry(config.tasks, config.retention, event_log, capture, record_events=config.events.enabled)
+    registry = TaskRegistry(
+        config.tasks, config.retention, event_log, capture, metrics, record_events=config.events.enabled
+    )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)

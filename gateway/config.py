@@ -130,6 +130,14 @@ class RetentionConfig(_Section):
     max_result_bytes: int = Field(default=4 * MiB, gt=0)
     """The largest task result (or error) a task record keeps, serialized; a larger one is replaced by
     an error that says so."""
+    results_budget_bytes: int = Field(default=256 * MiB, gt=0)
+    """The task results all task records keep together; the oldest are evicted to make room."""
+
+    @model_validator(mode="after")
+    def _result_fits_budget(self) -> RetentionConfig:
+        if self.max_result_bytes > self.results_budget_bytes:
+            raise ValueError("max_result_bytes must not exceed results_budget_bytes")
+        return self
 
 
 class CaptureRule(_Section):

@@ -63,6 +63,18 @@ class Metrics:
             "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
             registry=self.registry,
         )
+        self.kept_result_bytes = Gauge(
+            "mcp_gateway_kept_result_bytes",
+            "Bytes of task results (or errors) the task records keep, at most [retention] results_budget_bytes",
+            registry=self.registry,
+        )
+        self.results_dropped = Counter(
+            "mcp_gateway_results_dropped",
+            "Task results the gateway did not keep, by reason: result_too_large (over max_result_bytes), "
+            "result_evicted (the oldest, evicted to keep newer ones within results_budget_bytes)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(
