@@ -111,7 +111,7 @@ class McpEndpoint:
     async def _post(self, request: web.Request, era: Era) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
-        message = jsonrpc.parse_message(await self._read_body(request))
+        message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         kind = jsonrpc.classify(message)
         headers = forwardable_headers(request.headers)
         if era is Era.LEGACY:
