@@ -47,6 +47,50 @@ def test_parse_rejects_bad_messages_with_the_right_code(body: bytes, code: int) 
     assert info.value.http_status == 400
 
 
+def nested(levels: int) -> object:
+    """Arrays nested `levels` deep: nested(1) is []."""
+    value: object = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [63, 64, 65, 200, 251, 1024, 1025, 5000])
+def test_parse_refuses_nesting_deeper_than_the_limit(depth: int) -> None:
+    # The message itself is one level: params two, params.x three.
+    raw = b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    if depth + 2 <= 64:
+        assert jsonrpc.parse_message(raw, 64)["id"] == 9
+        return
+    with pytest.raises(ProtocolError) as info:
+        jsonrpc.parse_message(raw, 64)
+    assert (info.value.code, info.value.http_status) == (jsonrpc.INVALID_REQUEST, 400)
+    assert "nested deeper than 64 levels" in info.value.message
+    assert info.value.request_id == (9 if depth < 1024 else None)
+
+
+@given(
+    st.recursive(
+        st.integers() | st.text(max_size=3),
+        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3),
+        max_leaves=40,
+    ),
+    st.integers(min_value=1, max_value=12),
+)
+def test_depth_exceeds_agrees_with_a_recursive_definition(value: object, limit: int) -> None:
+    def depth(node: object) -> int:
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        return 0 if children is None else 1 + max((depth(child) for child in children), default=0)
+
+    assert jsonrpc.depth_exceeds(value, limit) == (depth(value) > limit)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[{" * 500
+    raw = jsonrpc.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"code": text, "x": nested(60)}})
+    assert jsonrpc.parse_message(raw, 64)["params"]["code"] == text
+
+
 def test_classify_tells_the_three_kinds_apart() -> None:
     assert jsonrpc.classify({"jsonrpc": "2.0", "id": "a", "method": "tools/list"}) is Kind.REQUEST
     assert jsonrpc.classify({"jsonrpc": "2.0", "method": "notifications/initialized"}) is Kind.NOTIFICATION
@@ -143,7 +187,24 @@ def test_task_methods_mirror_task_id_in_mcp_name() -> None:
 
 @pytest.mark.parametrize(
     ("host", "ok"),
-    [("127.0.0.1:8765", True), ("localhost:1", True), ("[::1]:80", True), ("evil.com:8765", False), (None, False)],
+    [
+        ("127.0.0.1:8765", True),
+        ("localhost:1", True),
+        ("[::1]:80", True),
+        ("127.0.0.1", True),  # no port: http's default, which `:*` allows
+        ("[::1]", True),
+        ("LOCALHOST:8765", True),  # host names compare case-insensitively
+        ("LocalHost", True),
+        ("evil.com:8765", False),
+        ("localhost.evil.com:8765", False),
+        ("localhost:*", False),
+        ("localhost:", False),
+        ("localhost:80x", False),
+        ("[::1", False),
+        ("[::1]x", False),
+        ("", False),
+        (None, False),
+    ],
 )
 def test_host_allow_list(host: str | None, ok: bool) -> None:
     allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -155,13 +216,36 @@ def test_host_allow_list(host: str | None, ok: bool) -> None:
         assert info.value.http_status == 421
 
 
+@pytest.mark.parametrize(
+    ("host", "entry", "ok"),
+    [
+        ("example.com", "example.com:80", True),
+        ("example.com:80", "example.com", True),
+        ("EXAMPLE.com", "example.COM", True),
+        ("example.com", "example.com:443", False),  # a Host without a port is taken as http
+        ("example.com:8080", "example.com", False),
+        ("anything:1", "*", True),
+    ],
+)
+def test_host_without_port_is_the_default_port(host: str, entry: str, ok: bool) -> None:
+    if ok:
+        checks.check_host(host, [entry])
+    else:
+        with pytest.raises(ProtocolError):
+            checks.check_host(host, [entry])
+
+
 def test_origin_absent_passes_foreign_is_403() -> None:
-    allowed = ["http://localhost:*"]
+    allowed = ["http://localhost:*", "https://app.example:443"]
     checks.check_origin(None, allowed)
     checks.check_origin("http://localhost:3000", allowed)
-    with pytest.raises(ProtocolError) as info:
-        checks.check_origin("http://localhost.evil.com:3000", allowed)
-    assert info.value.http_status == 403
+    checks.check_origin("http://localhost", allowed)  # browsers omit the default port
+    checks.check_origin("HTTP://LocalHost:3000", allowed)
+    checks.check_origin("https://app.example", allowed)
+    for origin in ("http://localhost.evil.com:3000", "https://localhost", "http://app.example", "null", ""):
+        with pytest.raises(ProtocolError) as info:
+            checks.check_origin(origin, allowed)
+        assert info.value.http_status == 403
 
 
 @pytest.mark.parametrize(
