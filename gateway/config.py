@@ -240,6 +240,7 @@ class TasksConfig(_Section):
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "human"] = "auto"
+    rejected_log_interval_s: float = Field(default=60.0, ge=0)
 
 
 class Config(_Section):

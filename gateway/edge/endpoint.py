@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.config import ServerConfig
 from gateway.edge import checks
+from gateway.edge.rejections import Rejections
 from gateway.edge.relay import Transform, relay
 from gateway.edge.responder import Responder, json_response
 from gateway.edge.task_routes import Call, TaskRoutes
@@ -73,6 +74,7 @@ class McpEndpoint:
         task_routes: TaskRoutes,
         passthrough: Passthrough,
         metrics: Metrics,
+        rejections: Rejections,
         *,
         events_enabled: bool,
     ) -> None:
@@ -82,6 +84,7 @@ class McpEndpoint:
         self._tasks = task_routes
         self._passthrough = passthrough
         self._metrics = metrics
+        self._rejections = rejections
         self._events_enabled = events_enabled
         self._modern_upstream_tasks: bool | None = None
         self._probe_lock = asyncio.Lock()
@@ -104,6 +107,7 @@ class McpEndpoint:
             return await self._delete(request)
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
+            self._rejections.refused(error, request.remote)
             return error_response(error)
 
     # -- POST ------------------------------------------------------------------------------------
