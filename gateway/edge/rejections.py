@@ -59,9 +59,7 @@ def reason_of(error: ProtocolError) -> str:
 class RateLimitedLog:
     """At most one line per kind per `interval_s`; the next line says how many were left out."""
 
-    def __init__(
-        self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._logger = logger
         self._interval_s = interval_s
         self._clock = clock

@@ -182,7 +182,7 @@ class HttpChannel(UpstreamChannel):
             await self._exchange(call, message, headers)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception:
             logger.exception("upstream request %r failed in the link", call.exchange.request_id)
             call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream link error (the gateway's log has the cause)")
 
