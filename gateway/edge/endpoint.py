@@ -30,6 +30,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
 from gateway.sessions import ResponseRoute, Session, SessionLimitReached, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
@@ -117,6 +118,8 @@ class McpEndpoint:
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         kind = jsonrpc.classify(message)
+        if kind is not Kind.RESPONSE:
+            check_fields(message)
         headers = forwardable_headers(request.headers)
         if era is Era.LEGACY:
             return await self._legacy_post(request, message, kind, headers)
