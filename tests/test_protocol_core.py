@@ -14,6 +14,7 @@ from gateway.events.stream import recorded_at
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value
 from gateway.protocol.era import Era
+from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, ProtocolError
 
 ENVELOPE = {
@@ -291,3 +292,38 @@ def test_recorded_at_keeps_order_and_is_within_half_a_millisecond(times: list[fl
     for t, text in zip(times, texts, strict=True):
         parsed = datetime.datetime.fromisoformat(text).timestamp()
         assert abs(parsed - t) <= 0.0005 + 1e-6, (t, text)
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"method": "tools/call", "params": {"name": "echo", "_meta": "x"}}, "params._meta"),
+        ({"method": "ping", "params": {"_meta": {"progressToken": [1]}}}, "params._meta.progressToken"),
+        ({"method": "ping", "params": {"_meta": {"progressToken": True}}}, "params._meta.progressToken"),
+        ({"method": "tools/call", "params": {"name": 5}}, "params.name"),
+        ({"method": "tools/call", "params": {"name": "echo", "arguments": [1]}}, "params.arguments"),
+        ({"method": "tools/call", "params": {"name": "echo", "task": 5}}, "params.task"),
+        ({"method": "tools/call", "params": {"name": "echo", "task": {"ttl": "1"}}}, "params.task.ttl"),
+        ({"method": "tasks/get", "params": {"taskId": 5}}, "params.taskId"),
+        ({"method": "tasks/list", "params": {"cursor": {}}}, "params.cursor"),
+        ({"method": "tasks/update", "params": {"taskId": "t", "inputResponses": []}}, "params.inputResponses"),
+        ({"method": "notifications/cancelled", "params": {"requestId": [1]}}, "params.requestId"),
+    ],
+)
+def test_fields_the_gateway_reads_must_have_their_type(message: dict[str, object], field: str) -> None:
+    request = {"jsonrpc": "2.0", "id": 4, **message}
+    with pytest.raises(ProtocolError) as info:
+        check_fields(request)
+    assert (info.value.code, info.value.http_status, info.value.request_id) == (jsonrpc.INVALID_PARAMS, 400, 4)
+    assert info.value.message.startswith(f"Invalid params: {field} must be "), info.value.message
+
+
+def test_absent_and_well_typed_fields_pass() -> None:
+    for params in (
+        {},
+        {"name": "echo", "arguments": {}, "task": {"ttl": 1.5}, "_meta": {"progressToken": 3}},
+        {"unknown": [[[]]], "_meta": {"vendor/x": None}},
+    ):
+        check_fields({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    check_fields({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "r"}})
+    check_fields({"jsonrpc": "2.0", "id": 1, "method": "vendor/anything", "params": {"name": 5, "taskId": []}})
