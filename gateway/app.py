@@ -13,10 +13,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.config import Config, parse_listen
 from gateway.edge.endpoint import McpEndpoint
+from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
 from gateway.edge.task_routes import TaskRoutes
 from gateway.events.capture import Capture
@@ -95,8 +97,16 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     endpoint = McpEndpoint(
-        config.server, upstream, sessions, task_routes, passthrough, metrics, events_enabled=config.events.enabled
+        config.server,
+        upstream,
+        sessions,
+        task_routes,
+        passthrough,
+        metrics,
+        rejections,
+        events_enabled=config.events.enabled,
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
@@ -130,7 +140,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
+    # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
+    framing_errors = FramingErrors(rejections)
+
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        server_logger.addFilter(framing_errors)
         await upstream.start()
         sessions.start()
         registry.start()
@@ -145,6 +159,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await sessions.stop()
         await upstream.close()
         await event_log.close()
+        server_logger.removeFilter(framing_errors)
 
     app.router.add_route("*", config.server.path, endpoint.handle)
     app.router.add_get("/healthz", healthz)

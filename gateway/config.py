@@ -28,6 +28,8 @@ class ServerConfig(_Section):
         default_factory=lambda: ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
     )
     max_body_bytes: int = Field(default=4 * MiB, gt=0)
+    # Capped well below the ~250 levels at which orjson cannot serialize a message and SDK servers drop it.
+    max_json_depth: int = Field(default=64, ge=8, le=128)
     keepalive_s: float = Field(default=15.0, gt=0)
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
@@ -246,6 +248,7 @@ class TasksConfig(_Section):
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "human"] = "auto"
+    rejected_log_interval_s: float = Field(default=60.0, ge=0)
 
 
 class Config(_Section):

@@ -18,6 +18,15 @@ class Metrics:
             ["method", "outcome"],
             registry=self.registry,
         )
+        self.rejected_requests = Counter(
+            "mcp_gateway_rejected_requests",
+            "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP "
+            "parser), host, origin, content_type, accept, body_too_large, parse_error, invalid_request "
+            "(including too deep), invalid_params, header_mismatch, unsupported_version, not_found, "
+            "http_method, conflict, unavailable, upstream_timeout",
+            ["reason"],
+            registry=self.registry,
+        )
         self.notifications_forwarded = Counter(
             "mcp_gateway_notifications_forwarded",
             "Upstream notifications delivered to clients, by method",

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from gateway.config import ServerConfig
 from gateway.edge import checks
+from gateway.edge.rejections import Rejections
 from gateway.edge.relay import Transform, relay
 from gateway.edge.responder import Responder, json_response
 from gateway.edge.task_routes import Call, TaskRoutes
@@ -29,6 +30,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
 from gateway.sessions import ResponseRoute, Session, SessionLimitReached, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
@@ -73,6 +75,7 @@ class McpEndpoint:
         task_routes: TaskRoutes,
         passthrough: Passthrough,
         metrics: Metrics,
+        rejections: Rejections,
         *,
         events_enabled: bool,
     ) -> None:
@@ -82,6 +85,7 @@ class McpEndpoint:
         self._tasks = task_routes
         self._passthrough = passthrough
         self._metrics = metrics
+        self._rejections = rejections
         self._events_enabled = events_enabled
         self._modern_upstream_tasks: bool | None = None
         self._probe_lock = asyncio.Lock()
@@ -104,6 +108,7 @@ class McpEndpoint:
             return await self._delete(request)
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
+            self._rejections.refused(error, request.remote)
             return error_response(error)
 
     # -- POST ------------------------------------------------------------------------------------
@@ -111,8 +116,10 @@ class McpEndpoint:
     async def _post(self, request: web.Request, era: Era) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
-        message = jsonrpc.parse_message(await self._read_body(request))
+        message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         kind = jsonrpc.classify(message)
+        if kind is not Kind.RESPONSE:
+            check_fields(message)
         headers = forwardable_headers(request.headers)
         if era is Era.LEGACY:
             return await self._legacy_post(request, message, kind, headers)

@@ -60,7 +60,11 @@ class Exchange:
         self._detached = False
         self._cancel_hook: CancelHook | None = None
         self.failure: str | None = None
-        """Why the link ended this exchange itself (`fail`), or None when the response came from upstream."""
+        """Why the link ended this exchange itself (`fail`), as the client was told; None when the response
+        came from upstream."""
+        self.failure_detail: str | None = None
+        """`failure` with what the upstream itself said (its last stderr line, its HTTP error body), for
+        the log and /readyz; never the gateway's configuration (command line, URL, addresses)."""
 
     @property
     def finished(self) -> bool:
@@ -88,12 +92,16 @@ class Exchange:
         self._items.append(message)
         self._readable.set()
 
-    def fail(self, code: int, text: str, data: object = None) -> None:
-        """End the exchange with a JSON-RPC error now, after what is already queued. Never blocks."""
+    def fail(self, code: int, text: str, data: object = None, *, detail: str | None = None) -> None:
+        """End the exchange with a JSON-RPC error now, after what is already queued. Never blocks.
+
+        `text` is what the client sees: no addresses, paths or stack traces. `detail` is the upstream's
+        own account, kept for the log and /readyz (see `failure_detail`)."""
         if self._finished:
             return
         self._finished = True
         self.failure = text
+        self.failure_detail = f"{text}: {detail}" if detail else text
         if not self._detached:
             self._items.append(jsonrpc.error_response(self.request_id, code, text, data))
             self._readable.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -181,9 +182,9 @@ class HttpChannel(UpstreamChannel):
             await self._exchange(call, message, headers)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception:
             logger.exception("upstream request %r failed in the link", call.exchange.request_id)
-            call.exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream link error: {exc}")
+            call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream link error (the gateway's log has the cause)")
 
     async def _exchange(self, call: _Call, message: Message, headers: Mapping[str, str]) -> None:
         exchange = call.exchange
@@ -193,7 +194,9 @@ class HttpChannel(UpstreamChannel):
         try:
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            cause = f"upstream unreachable: {_describe(exc)}"
+            # aiohttp's text names the upstream's host and port: the log has it, the client gets the kind.
+            logger.debug("upstream request %r: %s unreachable: %s", exchange.request_id, self._url, _describe(exc))
+            cause = f"upstream unreachable: {_unreachable_reason(exc)}"
             exchange.fail(jsonrpc.INTERNAL_ERROR, cause)
             if self._on_failure is not None:
                 self._on_failure(cause)
@@ -297,8 +300,9 @@ class HttpChannel(UpstreamChannel):
             message["jsonrpc"] = "2.0"
             await exchange.deliver(message)
             return
+        # The body may be a proxy's page or a stack trace: the log and /readyz get it, the client only the status.
         text = " ".join(body.decode("utf-8", errors="replace").split())[:200] or (response.reason or "")
-        exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}: {text}")
+        exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}", detail=text)
 
     async def _cancel(self, call: _Call) -> None:
         call.abort()
@@ -586,6 +590,21 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
 
 def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+def _unreachable_reason(exc: BaseException) -> str:
+    """Why a connection failed, in words that name no host, port or address."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name does not resolve"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
+        return "timed out"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the connection was closed"
+    return type(exc).__name__
 
 
 def _label(message: Message) -> str:

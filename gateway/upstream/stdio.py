@@ -51,7 +51,7 @@ STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
 
 MAX_CAUSE_CHARS = 300
-"""Longest stderr line quoted in an exit cause (a client's error message, /readyz's reason)."""
+"""Longest stderr line kept as an exit's detail (the log's and /readyz's reason; never a client's error)."""
 
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
@@ -102,7 +102,11 @@ class StdioProcess:
         self.abandoned_requests = False
         self.exited = asyncio.Event()
         self.exit_cause: str | None = None
-        """Why the process is not running: it could not be started, or it exited (with the code)."""
+        """Why the process is not running: it could not be started, or it exited (with the code). Clients
+        see it, so it names no path or command line."""
+        self.exit_detail: str | None = None
+        """The last stderr line of a process that exited before answering anything (the log and /readyz
+        show it; clients do not: it may name paths)."""
         self.unsolicited: UnsolicitedHandler | None = None
         self.channel: UpstreamChannel | None = None
         """The conversation this process serves: its tap sees every message, its loss listeners the exit."""
@@ -131,8 +135,9 @@ class StdioProcess:
                 start_new_session=True,
             )
         except OSError as exc:
-            self.exit_cause = f"cannot start the upstream command: {exc}"
-            log.debug("upstream command cannot start", extra={"command": self._command, "cause": self.exit_cause})
+            # The OS error's text names the file; clients get only its reason.
+            self.exit_cause = f"cannot start the upstream command: {exc.strerror or type(exc).__name__}"
+            log.debug("upstream command cannot start", extra={"command": self._command, "cause": str(exc)})
             if self._on_failure is not None:
                 self._on_failure(self.exit_cause)
             return
@@ -147,7 +152,7 @@ class StdioProcess:
         client_id = message["id"]
         exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
         if not self.alive:
-            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
             return exchange
         upstream_id = next(self._ids)
         params = message.get("params")
@@ -169,7 +174,7 @@ class StdioProcess:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.shutdown_timeout_s):
                     await self.exited.wait()
-            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
         return exchange
 
     def _not_running(self) -> str:
@@ -300,7 +305,8 @@ class StdioProcess:
         self.exit_cause = f"upstream process exited (code {code})"
         if not self._answered:
             # A start failure (a missing script, a bad argument): stderr usually says which.
-            self.exit_cause += " before answering anything" + (f": {self._last_stderr}" if self._last_stderr else "")
+            self.exit_cause += " before answering anything"
+            self.exit_detail = self._last_stderr or None
         if not self.exited.is_set():
             self.exited.set()
             self._metrics.upstream_processes.dec()
@@ -312,7 +318,7 @@ class StdioProcess:
             log.log(
                 logging.WARNING if serving else logging.DEBUG,
                 "upstream process exited",
-                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause},
+                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause, "stderr": self._last_stderr},
             )
             if self._on_failure is not None:
                 self._metrics.upstream_restarts.inc()
@@ -320,7 +326,7 @@ class StdioProcess:
         self._routes.clear()
         self._by_client_id.clear()
         for route in routes:
-            route.exchange.fail(jsonrpc.INTERNAL_ERROR, self.exit_cause)
+            route.exchange.fail(jsonrpc.INTERNAL_ERROR, self.exit_cause, detail=self.exit_detail)
         if not self._stopping and self.channel is not None:
             await self.channel.report_loss(f"the upstream process exited (code {code})")
 
