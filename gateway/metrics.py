@@ -63,6 +63,13 @@ class Metrics:
             "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
             registry=self.registry,
         )
+        self.request_timeouts = Counter(
+            "mcp_gateway_request_timeouts",
+            "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
+            "each was answered with an error and cancelled upstream",
+            ["method"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(
@@ -79,6 +86,9 @@ class Metrics:
         if child is None:
             child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
         child.inc()
+
+    def count_timeout(self, method: str) -> None:
+        self.request_timeouts.labels(method=method).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

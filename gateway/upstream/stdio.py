@@ -34,7 +34,14 @@ from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.upstream.base import Exchange, FailureListener, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.upstream.base import (
+    DeadlineRule,
+    Exchange,
+    FailureListener,
+    UnsolicitedHandler,
+    Upstream,
+    UpstreamChannel,
+)
 
 log = logging.getLogger("gateway.upstream.stdio")
 
@@ -84,12 +91,14 @@ class StdioProcess:
         metrics: Metrics,
         capacity: int,
         on_failure: FailureListener | None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
         self._capacity = capacity
         self._on_failure = on_failure
+        self._deadlines = deadlines
         self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
@@ -115,6 +124,11 @@ class StdioProcess:
     @property
     def alive(self) -> bool:
         return self._proc is not None and not self.exited.is_set()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a request sent to the process awaits its response."""
+        return bool(self._routes)
 
     async def start(self) -> None:
         """Spawn the command. One that cannot be started leaves the process not alive, `exit_cause` set."""
@@ -145,7 +159,8 @@ class StdioProcess:
 
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
-        exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
+        deadline = self._deadlines(message) if self._deadlines is not None else None
+        exchange = Exchange(client_id, message["method"], self._capacity, self.channel, deadline)
         if not self.alive:
             exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
             return exchange
@@ -162,7 +177,7 @@ class StdioProcess:
             outgoing["params"] = params
         self._routes[upstream_id] = _Route(exchange, client_id, client_token)
         self._by_client_id[client_id] = upstream_id
-        exchange.on_cancel(lambda: self._cancel(upstream_id, "client disconnected"))
+        exchange.on_cancel(lambda reason: self._cancel(upstream_id, reason))
         if not await self._write(outgoing):
             self._forget(upstream_id)
             # The process is going away (a command that exits at once): its exit code says why.
@@ -419,8 +434,10 @@ class StdioChannel(UpstreamChannel):
 
     @property
     def reusable(self) -> bool:
-        """Open, and no request was abandoned on it whose late output could reach the next one."""
-        return not self._closed and (self._process is None or not self._process.abandoned_requests)
+        """Open, and no request was abandoned or is still in flight on it whose late output could reach
+        the next one."""
+        process = self._process
+        return not self._closed and (process is None or not (process.abandoned_requests or process.in_flight))
 
     async def close(self) -> None:
         if self._closed:
@@ -436,11 +453,19 @@ class StdioChannel(UpstreamChannel):
 class StdioUpstream(Upstream):
     """Owns every stdio channel: per-session ones and the pool that serves modern requests."""
 
-    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, exchange_capacity: int = 1024):
+    def __init__(
+        self,
+        command: list[str],
+        config: StdioConfig,
+        metrics: Metrics,
+        exchange_capacity: int = 1024,
+        deadlines: DeadlineRule | None = None,
+    ):
         self._command = command
         self._config = config
         self._metrics = metrics
         self._capacity = exchange_capacity
+        self._deadlines = deadlines
         self._slots = asyncio.Semaphore(config.max_processes)
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
@@ -448,7 +473,12 @@ class StdioUpstream(Upstream):
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
-            self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
+            self._command,
+            self._config,
+            self._metrics,
+            self._capacity,
+            None if probe else self.report_failure,
+            self._deadlines,
         )
 
     def forget(self, channel: StdioChannel) -> None:
