@@ -70,6 +70,14 @@ class Metrics:
             ["method"],
             registry=self.registry,
         )
+        self.upstream_oversized_lines = Counter(
+            "mcp_gateway_upstream_oversized_lines",
+            "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed "
+            "(a response whose request got an error instead), dropped (nothing to attribute it to: a notification, "
+            "a server request, or a response whose id was not found)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(

@@ -12,6 +12,10 @@ gateway-chosen integer id, which is also its progress token, and responses, prog
 the next request respawns it and, for a session, replays the recorded handshake first. A command that
 cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
 the upstream's failure listeners (readiness); the gateway itself keeps running.
+
+A line longer than `line_limit_bytes` is skipped without being held: a response whose id its head or
+tail shows fails its request alone (`gateway.protocol.oversized`); anything else is dropped, counted and
+logged. Neither stops the process.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from cachetools import LRUCache, TTLCache
 
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
-from gateway.protocol import jsonrpc
+from gateway.protocol import jsonrpc, oversized
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
@@ -56,6 +60,9 @@ PINNED_STATE_TTL_S = 600.0
 
 STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
+
+RESPONSE_TOO_LARGE = "response_too_large"
+"""`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
 
 MAX_CAUSE_CHARS = 300
 """Longest stderr line quoted in an exit cause (a client's error message, /readyz's reason)."""
@@ -237,7 +244,16 @@ class StdioProcess:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
         try:
-            while line := await stdout.readline():
+            while True:
+                try:
+                    line = await stdout.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:  # the end; a last line without a newline counts
+                    if not exc.partial:
+                        break
+                    line = exc.partial
+                except asyncio.LimitOverrunError:
+                    await self._skip_oversized(stdout)
+                    continue
                 try:
                     message = orjson.loads(line)
                 except orjson.JSONDecodeError:
@@ -247,12 +263,44 @@ class StdioProcess:
                 if isinstance(message, dict):
                     self._answered = True
                     await self._route(message)
-        except ValueError:
-            log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
         except Exception:
             log.exception("stdio reader failed")
         finally:
             await self._on_exit()
+
+    async def _skip_oversized(self, stdout: asyncio.StreamReader) -> None:
+        """Skip a line longer than line_limit_bytes, holding only its head and tail: a response whose id
+        they show fails its request alone; anything else is dropped. The process and its other requests
+        go on."""
+        # The buffer holds more than the limit of this line, none of it a newline: this returns at once.
+        head = await stdout.read(oversized.HEAD_BYTES)
+        size, tail, ended = len(head), b"", False
+        while not ended:
+            try:
+                rest, ended = (await stdout.readuntil(b"\n"))[:-1], True
+            except asyncio.LimitOverrunError as exc:  # still no newline within the limit
+                rest = await stdout.read(exc.consumed)
+            except asyncio.IncompleteReadError as exc:  # the process ended mid-line
+                rest, ended = exc.partial, True
+            size += len(rest)
+            tail = (tail + rest[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
+        self._answered = True
+        limit = self._config.line_limit_bytes
+        upstream_id = oversized.response_id(head, tail)
+        route = self._forget(upstream_id) if upstream_id is not None else None
+        outcome = "request_failed" if route is not None else "dropped"
+        self._metrics.upstream_oversized_lines.labels(outcome=outcome).inc()
+        log.warning(
+            "upstream wrote a line longer than line_limit_bytes; skipped it",
+            extra={"pid": self.pid, "bytes": size, "limit": limit, "outcome": outcome, "upstream_id": upstream_id},
+        )
+        if route is not None:
+            route.exchange.fail(
+                jsonrpc.INTERNAL_ERROR,
+                f"Response too large: the upstream's response ({size} bytes) exceeds {limit} bytes "
+                "(upstream.stdio.line_limit_bytes) and was discarded",
+                {"reason": RESPONSE_TOO_LARGE, "size": size, "limit": limit, "key": "upstream.stdio.line_limit_bytes"},
+            )
 
     async def _route(self, message: Message) -> None:
         method = message.get("method")

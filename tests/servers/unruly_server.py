@@ -13,7 +13,8 @@ Tools:
   cancelled (a ``notifications/cancelled``, or a dropped 2026-07-28 POST) it appends ``cancelled``;
 * ``oversized(size)``: answers with a text of ``size`` bytes (a response line longer than that);
 * ``oversized_log(size)``: sends an ``info`` log whose data is ``size`` bytes, then answers ``logged``;
-* ``hold(key)``: answers ``released <key>`` once ``release(key)`` was called (in the same process);
+* ``hold(key, marker="")``: appends ``holding <key>`` to ``marker`` (if given), and answers ``released <key>`` once
+  ``release(key)`` was called (in the same process);
 * ``release(key)``, ``echo(text)``, ``pid()`` (the process id, as text).
 """
 
@@ -63,8 +64,10 @@ async def oversized_log(ctx: Context[Any, Any], size: int) -> str:
 
 
 @mcp.tool()
-async def hold(key: str) -> str:
+async def hold(key: str, marker: str = "") -> str:
     """Answer once `release(key)` is called."""
+    if marker:
+        _mark(marker, f"holding {key}")
     await _released[key].wait()
     return f"released {key}"
 
