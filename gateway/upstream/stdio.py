@@ -61,6 +61,9 @@ PINNED_STATE_TTL_S = 600.0
 STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
 
+SKIP_PIECE_BYTES = 1024 * 1024
+"""The most of an over-long line copied at once while it is skipped."""
+
 RESPONSE_TOO_LARGE = "response_too_large"
 """`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
 
@@ -274,16 +277,26 @@ class StdioProcess:
         go on."""
         # The buffer holds more than the limit of this line, none of it a newline: this returns at once.
         head = await stdout.read(oversized.HEAD_BYTES)
-        size, tail, ended = len(head), b"", False
-        while not ended:
+        size, tail = len(head), b""
+
+        def skipped(data: bytes) -> None:
+            nonlocal size, tail
+            size += len(data)
+            tail = (tail + data[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
+
+        while True:
             try:
-                rest, ended = (await stdout.readuntil(b"\n"))[:-1], True
-            except asyncio.LimitOverrunError as exc:  # still no newline within the limit
-                rest = await stdout.read(exc.consumed)
+                skipped((await stdout.readuntil(b"\n"))[:-1])
+                break
+            except asyncio.LimitOverrunError as exc:  # no newline within the limit yet: drop what is buffered
+                remaining = exc.consumed
+                while remaining > 0:  # in pieces, so no copy of the whole buffer is ever made
+                    piece = await stdout.read(min(remaining, SKIP_PIECE_BYTES))
+                    remaining -= len(piece)
+                    skipped(piece)
             except asyncio.IncompleteReadError as exc:  # the process ended mid-line
-                rest, ended = exc.partial, True
-            size += len(rest)
-            tail = (tail + rest[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
+                skipped(exc.partial)
+                break
         self._answered = True
         limit = self._config.line_limit_bytes
         upstream_id = oversized.response_id(head, tail)
