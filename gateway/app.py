@@ -17,6 +17,7 @@ from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.config import Config, parse_listen
+from gateway.deadlines import RequestDeadlines
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
@@ -45,10 +46,11 @@ REGISTRY = web.AppKey("registry", TaskRegistry)
 def build_upstream(config: Config, metrics: Metrics) -> Upstream:
     upstream = config.upstream
     capacity = config.server.exchange_capacity
+    deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, capacity)
+        return HttpUpstream(upstream.url, upstream.http, metrics, capacity, deadlines)
     if upstream.command:
-        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity)
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 

@@ -6,6 +6,7 @@ typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import fnmatch
 import shlex
 import tomllib
 from pathlib import Path
@@ -85,6 +86,9 @@ class ReadinessConfig(_Section):
 class UpstreamConfig(_Section):
     url: str | None = None
     command: list[str] | None = None
+    request_timeout_s: float = Field(default=300.0, ge=0)
+    """How long the upstream may take to answer a forwarded request before the gateway answers it with
+    an error and cancels it upstream (0: no deadline). A `[[tasks.tools]]` entry may override it."""
     stdio: StdioConfig = Field(default_factory=StdioConfig)
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
@@ -186,16 +190,19 @@ MODERN_FOR_TASK_SUPPORT: dict[str, tuple[ModernTasks, ...]] = {
 
 
 class ToolTaskPolicy(_Section):
-    """How tools whose name matches `match` (a glob) become tasks, per era.
+    """How tools whose name matches `match` (a glob) become tasks, per era, and how long their calls may take.
 
-    The two keys describe one tool, so they must agree: a tool that is never a task, or must be one, is
-    that in both eras. Either key left out follows the other (`required` implies `required`)."""
+    The two task keys describe one tool, so they must agree: a tool that is never a task, or must be one,
+    is that in both eras. Either key left out follows the other (`required` implies `required`)."""
 
     match: str = "*"
     task_support: TaskSupport = "optional"
     modern: ModernTasks = "after_ms"
     after_ms: int = Field(default=1000, ge=0)
     input_window_ms: int = Field(default=500, ge=0)
+    request_timeout_s: float | None = Field(default=None, ge=0)
+    """The deadline of these tools' upstream calls, plain or as a task (0: none); None follows
+    `[upstream] request_timeout_s`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -222,6 +229,10 @@ class ToolTaskPolicy(_Section):
         return self
 
 
+UNMATCHED_TOOL = ToolTaskPolicy(task_support="forbidden")
+"""The policy of a tool no `[[tasks.tools]]` entry matches."""
+
+
 class TasksConfig(_Section):
     tools: list[ToolTaskPolicy] = Field(default_factory=lambda: [ToolTaskPolicy()])
     default_ttl_ms: int = Field(default=3_600_000, gt=0)
@@ -235,6 +246,14 @@ class TasksConfig(_Section):
     stream_flush_interval_ms: float = Field(default=20.0, ge=0)
     upstream_poll_min_ms: int = Field(default=250, gt=0)
     upstream_poll_max_ms: int = Field(default=30_000, gt=0)
+
+    def policy_for(self, tool: object) -> ToolTaskPolicy:
+        """The first `tools` entry whose `match` fits the tool's name; a tool none fits is never a task."""
+        name = tool if isinstance(tool, str) else ""
+        for policy in self.tools:
+            if fnmatch.fnmatchcase(name, policy.match):
+                return policy
+        return UNMATCHED_TOOL
 
     @model_validator(mode="after")
     def _ttl_order(self) -> TasksConfig:

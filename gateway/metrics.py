@@ -84,6 +84,21 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.request_timeouts = Counter(
+            "mcp_gateway_request_timeouts",
+            "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
+            "each was answered with an error and cancelled upstream",
+            ["method"],
+            registry=self.registry,
+        )
+        self.upstream_oversized_lines = Counter(
+            "mcp_gateway_upstream_oversized_lines",
+            "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed "
+            "(a response whose request got an error instead), dropped (nothing to attribute it to: a notification, "
+            "a server request, or a response whose id was not found)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(
@@ -100,6 +115,9 @@ class Metrics:
         if child is None:
             child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
         child.inc()
+
+    def count_timeout(self, method: str) -> None:
+        self.request_timeouts.labels(method=method).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

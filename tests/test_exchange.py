@@ -1,11 +1,17 @@
-"""Unit tests of Exchange: order, batching, backpressure, detach, failure after queued messages."""
+"""Unit tests of Exchange: order, batching, backpressure, detach, failure after queued messages, deadlines."""
 
 from __future__ import annotations
 
 import asyncio
 
 from gateway.protocol import jsonrpc
-from gateway.upstream.base import Exchange
+from gateway.upstream.base import (
+    CLIENT_CANCEL_REASON,
+    REQUEST_TIMEOUT,
+    TIMEOUT_CANCEL_REASON,
+    Deadline,
+    Exchange,
+)
 
 
 def note(i: int) -> jsonrpc.Message:
@@ -72,24 +78,96 @@ async def test_detach_unblocks_the_producer_and_discards() -> None:
 async def test_cancel_runs_the_link_hook_once() -> None:
     calls: list[str] = []
 
-    async def hook() -> None:
-        calls.append("cancelled")
+    async def hook(reason: str) -> None:
+        calls.append(reason)
 
     exchange = Exchange(1, "tools/call")
     exchange.on_cancel(hook)
     await exchange.cancel()
     await exchange.cancel()
-    assert calls == ["cancelled"] and exchange.finished
+    assert calls == [CLIENT_CANCEL_REASON] and exchange.finished
 
 
 async def test_cancel_after_the_response_does_not_call_the_hook() -> None:
     calls: list[str] = []
 
-    async def hook() -> None:
-        calls.append("cancelled")
+    async def hook(reason: str) -> None:
+        calls.append(reason)
 
     exchange = Exchange(1, "tools/call")
     exchange.on_cancel(hook)
     await exchange.deliver(RESPONSE)
     await exchange.cancel()
     assert calls == []
+
+
+class Recorder:
+    """A link's cancel hook and a deadline's expiry listener that remember their calls."""
+
+    def __init__(self) -> None:
+        self.cancels: list[str] = []
+        self.cancelled = asyncio.Event()
+        self.expired: list[str] = []
+        self.expiry = asyncio.Event()
+
+    async def hook(self, reason: str) -> None:
+        self.cancels.append(reason)
+        self.cancelled.set()
+
+    def on_expiry(self, method: str) -> None:
+        self.expired.append(method)
+        self.expiry.set()
+
+    def deadline(self, seconds: float = 0.01) -> Deadline:
+        return Deadline(seconds, "upstream.request_timeout_s", self.on_expiry)
+
+
+async def test_a_deadline_without_a_response_ends_with_the_timeout_error_and_cancels_upstream() -> None:
+    recorder = Recorder()
+    exchange = Exchange(7, "tools/call", deadline=recorder.deadline())
+    exchange.on_cancel(recorder.hook)
+    await exchange.deliver(note(0))
+    async with asyncio.timeout(5):
+        messages = await exchange.collect()
+        await recorder.cancelled.wait()  # the upstream cancel runs beside the error
+    assert messages[0] == note(0)
+    error = messages[-1]["error"]
+    assert messages[-1]["id"] == 7 and error["code"] == jsonrpc.INTERNAL_ERROR, messages
+    assert "tools/call within 0.01 s (upstream.request_timeout_s)" in error["message"], error
+    assert error["data"] == {"reason": REQUEST_TIMEOUT, "limit": 0.01, "key": "upstream.request_timeout_s"}
+    assert recorder.cancels == [TIMEOUT_CANCEL_REASON] and recorder.expired == ["tools/call"]
+
+
+async def test_a_detached_exchange_is_still_cancelled_upstream_at_its_deadline() -> None:
+    """A legacy client that went away leaves the request running; its deadline still ends it upstream."""
+    recorder = Recorder()
+    exchange = Exchange(7, "tools/call", deadline=recorder.deadline())
+    exchange.on_cancel(recorder.hook)
+    exchange.detach()
+    async with asyncio.timeout(5):
+        await recorder.cancelled.wait()
+    assert exchange.finished and recorder.cancels == [TIMEOUT_CANCEL_REASON]
+
+
+async def test_an_answered_exchange_never_expires() -> None:
+    recorder = Recorder()
+    exchange = Exchange(1, "tools/call", deadline=recorder.deadline(0.02))
+    exchange.on_cancel(recorder.hook)
+    await exchange.deliver(RESPONSE)
+    await asyncio.sleep(0.05)
+    assert await exchange.collect() == [RESPONSE]
+    assert recorder.cancels == [] and recorder.expired == []
+
+
+async def test_a_message_waiting_for_room_is_not_delivered_after_the_timeout_error() -> None:
+    recorder = Recorder()
+    exchange = Exchange(1, "tools/call", capacity=1, deadline=recorder.deadline())
+    await exchange.deliver(note(0))
+    producer = asyncio.create_task(exchange.deliver(note(1)))  # blocked: the consumer is one behind
+    async with asyncio.timeout(5):
+        await recorder.expiry.wait()
+        messages = await exchange.collect()
+        await producer
+    assert messages[0] == note(0) and messages[-1]["error"]["data"]["reason"] == REQUEST_TIMEOUT, messages
+    assert len(messages) == 2, messages
+    assert await exchange.next_batch(0) is None  # nothing after the error

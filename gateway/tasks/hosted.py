@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import logging
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -150,11 +149,7 @@ class HostedTasks:
         return {**result, "capabilities": capabilities}
 
     def policy(self, tool: object) -> ToolTaskPolicy:
-        name = tool if isinstance(tool, str) else ""
-        for policy in self._config.tools:
-            if fnmatch.fnmatchcase(name, policy.match):
-                return policy
-        return ToolTaskPolicy(task_support="forbidden")
+        return self._config.policy_for(tool)
 
     def annotate_tools(self, result: dict[str, Any]) -> dict[str, Any]:
         """tools/list for legacy clients: each tool's execution.taskSupport from the policy."""

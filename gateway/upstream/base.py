@@ -8,6 +8,10 @@ raise out of a channel; they end the exchange with a JSON-RPC error response ins
 Backpressure is end to end: `Exchange.deliver` waits while the consumer is `capacity` messages behind,
 so a burst is never dropped and never buffered without bound. A consumer that goes away calls
 `detach()`, after which messages are discarded so the link never stalls on it.
+
+An exchange given a `Deadline` that passes before its response ends with a timeout error and is
+cancelled upstream (the link decides how), whether or not anyone still consumes it: an upstream that
+never answers holds no client, channel or process beyond the deadline.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
 UnsolicitedHandler = Callable[[Message], Awaitable[None]]
-CancelHook = Callable[[], Awaitable[None]]
+CancelHook = Callable[[str], Awaitable[None]]
+"""Cancels one request upstream, giving the reason (a stdio or legacy upstream sees it in
+`notifications/cancelled`)."""
 Tap = Callable[["UpstreamChannel", str | None, Message], Awaitable[Message]]
 """Sees every message a channel hands to the gateway, in arrival order and before anyone consumes it
 (even when the request's client is gone), with the method of the request it answers (None for
@@ -36,6 +43,32 @@ FailureListener = Callable[[str], None]
 or whose process exits, an HTTP upstream that does not answer. Must not block (readiness re-checks)."""
 
 DEFAULT_EXCHANGE_CAPACITY = 1024
+CLIENT_CANCEL_REASON = "cancelled by the client"
+TIMEOUT_CANCEL_REASON = "request timed out at the gateway"
+REQUEST_TIMEOUT = "request_timeout"
+"""`data.reason` of the error a request gets when its deadline passes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """How long the upstream may take to answer one request, and the config key that set it."""
+
+    seconds: float
+    key: str
+    on_expiry: Callable[[str], None] | None = None
+    """Told the method of each request whose deadline passed (metrics)."""
+
+    def error(self, method: str) -> tuple[str, dict[str, object]]:
+        """The message and `data` of the JSON-RPC error the request ends with."""
+        text = (
+            f"Request timeout: the upstream did not answer {method} within {self.seconds:g} s ({self.key}); "
+            "the request was cancelled upstream"
+        )
+        return text, {"reason": REQUEST_TIMEOUT, "limit": self.seconds, "key": self.key}
+
+
+DeadlineRule = Callable[[Message], Deadline | None]
+"""The deadline a request gets as it is sent upstream (None: none)."""
 
 
 class Exchange:
@@ -47,6 +80,7 @@ class Exchange:
         method: str,
         capacity: int = DEFAULT_EXCHANGE_CAPACITY,
         channel: UpstreamChannel | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         self.request_id = request_id
         self.method = method
@@ -59,6 +93,13 @@ class Exchange:
         self._finished = False
         self._detached = False
         self._cancel_hook: CancelHook | None = None
+        self._deadline = deadline
+        self._timer: asyncio.TimerHandle | None = None
+        if deadline is not None:
+            self._timer = asyncio.get_running_loop().call_later(deadline.seconds, self._expire)
+        self._expiry: asyncio.Task[None] | None = None
+        """The upstream cancel of an expired exchange; held here so it runs to its end (it is short:
+        one write, bounded by the link)."""
         self.failure: str | None = None
         """Why the link ended this exchange itself (`fail`), as the client was told; None when the response
         came from upstream."""
@@ -84,9 +125,10 @@ class Exchange:
         while len(self._items) >= self._capacity and not self._detached:
             self._writable.clear()
             await self._writable.wait()
-        final = jsonrpc.is_final(message)
-        if final:
-            self._finished = True
+        if self._finished:  # failed (or expired) while this message waited for room
+            return
+        if jsonrpc.is_final(message):
+            self._settle()
         if self._detached:
             return
         self._items.append(message)
@@ -99,7 +141,7 @@ class Exchange:
         own account, kept for the log and /readyz (see `failure_detail`)."""
         if self._finished:
             return
-        self._finished = True
+        self._settle()
         self.failure = text
         self.failure_detail = f"{text}: {detail}" if detail else text
         if not self._detached:
@@ -108,7 +150,7 @@ class Exchange:
 
     def end(self) -> None:
         """Finish without a response (for streams that have none): the consumer sees the end."""
-        self._finished = True
+        self._settle()
         self._readable.set()
 
     def detach(self) -> None:
@@ -118,14 +160,37 @@ class Exchange:
         self._writable.set()
         self._readable.set()
 
-    async def cancel(self) -> None:
+    async def cancel(self, reason: str = CLIENT_CANCEL_REASON) -> None:
         """Cancel the request upstream (the link decides how) and stop delivery."""
         hook, self._cancel_hook = self._cancel_hook, None
         self.detach()
-        if hook is not None and not self._finished:
-            self._finished = True
-            await hook()
+        finished = self._finished
+        self._settle()
+        if hook is not None and not finished:
+            await hook(reason)
+
+    def _settle(self) -> None:
+        """The exchange is over: no more messages, and its deadline no longer matters."""
         self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        """The deadline passed without a response: cancel upstream, and end with the timeout error."""
+        self._timer = None
+        deadline = self._deadline
+        if self._finished or deadline is None:
+            return
+        hook, self._cancel_hook = self._cancel_hook, None
+        if hook is not None:
+            # Started before the error wakes the consumer, so the link has forgotten the request (and
+            # marked its conversation as having abandoned one) before the consumer can release it.
+            self._expiry = asyncio.ensure_future(hook(TIMEOUT_CANCEL_REASON))
+        text, data = deadline.error(self.method)
+        self.fail(jsonrpc.INTERNAL_ERROR, text, data)
+        if deadline.on_expiry is not None:
+            deadline.on_expiry(self.method)
 
     async def next_batch(self, wait_s: float | None = None) -> list[Message] | None:
         """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over."""

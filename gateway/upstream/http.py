@@ -27,6 +27,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
     DEFAULT_EXCHANGE_CAPACITY,
+    DeadlineRule,
     Exchange,
     FailureListener,
     UnsolicitedHandler,
@@ -103,10 +104,12 @@ class HttpChannel(UpstreamChannel):
         exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self.era = era
         self._on_close = on_close
         self._on_failure = on_failure
+        self._deadlines = deadlines
         self._client = client
         self._url = url
         self._config = config
@@ -125,7 +128,8 @@ class HttpChannel(UpstreamChannel):
         return self._session_id
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"], self._capacity, self)
+        deadline = self._deadlines(message) if self._deadlines is not None else None
+        exchange = Exchange(message["id"], message["method"], self._capacity, self, deadline)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
             return exchange
@@ -135,8 +139,8 @@ class HttpChannel(UpstreamChannel):
         call.task = asyncio.create_task(self._run_call(call, message, headers), name=f"upstream-http-{message['id']}")
         call.task.add_done_callback(lambda _: self._calls.discard(call))
 
-        async def cancel() -> None:
-            await self._cancel(call)
+        async def cancel(reason: str) -> None:
+            await self._cancel(call, reason)
 
         exchange.on_cancel(cancel)
         return exchange
@@ -304,14 +308,14 @@ class HttpChannel(UpstreamChannel):
         text = " ".join(body.decode("utf-8", errors="replace").split())[:200] or (response.reason or "")
         exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}", detail=text)
 
-    async def _cancel(self, call: _Call) -> None:
+    async def _cancel(self, call: _Call, reason: str) -> None:
         call.abort()
         # A dropped POST is the cancel at 2026-07-28; a legacy upstream keeps running the tool without this.
         if self.era is Era.LEGACY and call.exchange.method != "initialize" and not self._closed:
             cancelled: Message = {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
-                "params": {"requestId": call.exchange.request_id, "reason": "cancelled by the client"},
+                "params": {"requestId": call.exchange.request_id, "reason": reason},
             }
             await self._send(cancelled, {})
 
@@ -477,11 +481,13 @@ class HttpUpstream(Upstream):
         config: HttpUpstreamConfig,
         metrics: Metrics,
         exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self.url = url
         self._config = config
         self._metrics = metrics
         self._capacity = exchange_capacity
+        self._deadlines = deadlines
         self._client: aiohttp.ClientSession | None = None
         self._shared: HttpChannel | None = None
         self._channels: set[HttpChannel] = set()
@@ -545,6 +551,7 @@ class HttpUpstream(Upstream):
             self._capacity,
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
+            deadlines=self._deadlines,
         )
 
 

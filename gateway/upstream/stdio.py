@@ -12,6 +12,10 @@ gateway-chosen integer id, which is also its progress token, and responses, prog
 the next request respawns it and, for a session, replays the recorded handshake first. A command that
 cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
 the upstream's failure listeners (readiness); the gateway itself keeps running.
+
+A line longer than `line_limit_bytes` is skipped without being held: a response whose id its head or
+tail shows fails its request alone (`gateway.protocol.oversized`); anything else is dropped, counted and
+logged. Neither stops the process.
 """
 
 from __future__ import annotations
@@ -32,9 +36,16 @@ from cachetools import LRUCache, TTLCache
 
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
-from gateway.protocol import jsonrpc
+from gateway.protocol import jsonrpc, oversized
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.upstream.base import Exchange, FailureListener, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.upstream.base import (
+    DeadlineRule,
+    Exchange,
+    FailureListener,
+    UnsolicitedHandler,
+    Upstream,
+    UpstreamChannel,
+)
 
 log = logging.getLogger("gateway.upstream.stdio")
 
@@ -49,6 +60,12 @@ PINNED_STATE_TTL_S = 600.0
 
 STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
+
+SKIP_PIECE_BYTES = 1024 * 1024
+"""The most of an over-long line copied at once while it is skipped."""
+
+RESPONSE_TOO_LARGE = "response_too_large"
+"""`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
 
 MAX_CAUSE_CHARS = 300
 """Longest stderr line kept as an exit's detail (the log's and /readyz's reason; never a client's error)."""
@@ -84,12 +101,14 @@ class StdioProcess:
         metrics: Metrics,
         capacity: int,
         on_failure: FailureListener | None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
         self._capacity = capacity
         self._on_failure = on_failure
+        self._deadlines = deadlines
         self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
@@ -119,6 +138,11 @@ class StdioProcess:
     @property
     def alive(self) -> bool:
         return self._proc is not None and not self.exited.is_set()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a request sent to the process awaits its response."""
+        return bool(self._routes)
 
     async def start(self) -> None:
         """Spawn the command. One that cannot be started leaves the process not alive, `exit_cause` set."""
@@ -150,7 +174,8 @@ class StdioProcess:
 
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
-        exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
+        deadline = self._deadlines(message) if self._deadlines is not None else None
+        exchange = Exchange(client_id, message["method"], self._capacity, self.channel, deadline)
         if not self.alive:
             exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
             return exchange
@@ -167,7 +192,7 @@ class StdioProcess:
             outgoing["params"] = params
         self._routes[upstream_id] = _Route(exchange, client_id, client_token)
         self._by_client_id[client_id] = upstream_id
-        exchange.on_cancel(lambda: self._cancel(upstream_id, "client disconnected"))
+        exchange.on_cancel(lambda reason: self._cancel(upstream_id, reason))
         if not await self._write(outgoing):
             self._forget(upstream_id)
             # The process is going away (a command that exits at once): its exit code says why.
@@ -227,7 +252,16 @@ class StdioProcess:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
         try:
-            while line := await stdout.readline():
+            while True:
+                try:
+                    line = await stdout.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:  # the end; a last line without a newline counts
+                    if not exc.partial:
+                        break
+                    line = exc.partial
+                except asyncio.LimitOverrunError:
+                    await self._skip_oversized(stdout)
+                    continue
                 try:
                     message = orjson.loads(line)
                 except orjson.JSONDecodeError:
@@ -237,12 +271,54 @@ class StdioProcess:
                 if isinstance(message, dict):
                     self._answered = True
                     await self._route(message)
-        except ValueError:
-            log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
         except Exception:
             log.exception("stdio reader failed")
         finally:
             await self._on_exit()
+
+    async def _skip_oversized(self, stdout: asyncio.StreamReader) -> None:
+        """Skip a line longer than line_limit_bytes, holding only its head and tail: a response whose id
+        they show fails its request alone; anything else is dropped. The process and its other requests
+        go on."""
+        # The buffer holds more than the limit of this line, none of it a newline: this returns at once.
+        head = await stdout.read(oversized.HEAD_BYTES)
+        size, tail = len(head), b""
+
+        def skipped(data: bytes) -> None:
+            nonlocal size, tail
+            size += len(data)
+            tail = (tail + data[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
+
+        while True:
+            try:
+                skipped((await stdout.readuntil(b"\n"))[:-1])
+                break
+            except asyncio.LimitOverrunError as exc:  # no newline within the limit yet: drop what is buffered
+                remaining = exc.consumed
+                while remaining > 0:  # in pieces, so no copy of the whole buffer is ever made
+                    piece = await stdout.read(min(remaining, SKIP_PIECE_BYTES))
+                    remaining -= len(piece)
+                    skipped(piece)
+            except asyncio.IncompleteReadError as exc:  # the process ended mid-line
+                skipped(exc.partial)
+                break
+        self._answered = True
+        limit = self._config.line_limit_bytes
+        upstream_id = oversized.response_id(head, tail)
+        route = self._forget(upstream_id) if upstream_id is not None else None
+        outcome = "request_failed" if route is not None else "dropped"
+        self._metrics.upstream_oversized_lines.labels(outcome=outcome).inc()
+        log.warning(
+            "upstream wrote a line longer than line_limit_bytes; skipped it",
+            extra={"pid": self.pid, "bytes": size, "limit": limit, "outcome": outcome, "upstream_id": upstream_id},
+        )
+        if route is not None:
+            route.exchange.fail(
+                jsonrpc.INTERNAL_ERROR,
+                f"Response too large: the upstream's response ({size} bytes) exceeds {limit} bytes "
+                "(upstream.stdio.line_limit_bytes) and was discarded",
+                {"reason": RESPONSE_TOO_LARGE, "size": size, "limit": limit, "key": "upstream.stdio.line_limit_bytes"},
+            )
 
     async def _route(self, message: Message) -> None:
         method = message.get("method")
@@ -425,8 +501,10 @@ class StdioChannel(UpstreamChannel):
 
     @property
     def reusable(self) -> bool:
-        """Open, and no request was abandoned on it whose late output could reach the next one."""
-        return not self._closed and (self._process is None or not self._process.abandoned_requests)
+        """Open, and no request was abandoned or is still in flight on it whose late output could reach
+        the next one."""
+        process = self._process
+        return not self._closed and (process is None or not (process.abandoned_requests or process.in_flight))
 
     async def close(self) -> None:
         if self._closed:
@@ -442,11 +520,19 @@ class StdioChannel(UpstreamChannel):
 class StdioUpstream(Upstream):
     """Owns every stdio channel: per-session ones and the pool that serves modern requests."""
 
-    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, exchange_capacity: int = 1024):
+    def __init__(
+        self,
+        command: list[str],
+        config: StdioConfig,
+        metrics: Metrics,
+        exchange_capacity: int = 1024,
+        deadlines: DeadlineRule | None = None,
+    ):
         self._command = command
         self._config = config
         self._metrics = metrics
         self._capacity = exchange_capacity
+        self._deadlines = deadlines
         self._slots = asyncio.Semaphore(config.max_processes)
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
@@ -454,7 +540,12 @@ class StdioUpstream(Upstream):
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
-            self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
+            self._command,
+            self._config,
+            self._metrics,
+            self._capacity,
+            None if probe else self.report_failure,
+            self._deadlines,
         )
 
     def forget(self, channel: StdioChannel) -> None:
