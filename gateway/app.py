@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from gateway import __version__
+from gateway.buffers import BufferBudget
 from gateway.config import Config, parse_listen
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.responder import json_response
@@ -40,13 +41,12 @@ REGISTRY = web.AppKey("registry", TaskRegistry)
 """The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
 
 
-def build_upstream(config: Config, metrics: Metrics) -> Upstream:
+def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
     upstream = config.upstream
-    capacity = config.server.exchange_capacity
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, capacity)
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget)
     if upstream.command:
-        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity)
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
@@ -79,13 +79,15 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
     metrics = Metrics()
-    upstream = upstream or build_upstream(config, metrics)
+    budget = BufferBudget(
+        stream_messages=config.server.exchange_capacity,
+        stream_bytes=config.server.stream_buffer_bytes,
+        budget_bytes=config.server.buffered_bytes_budget,
+        metrics=metrics,
+    )
+    upstream = upstream or build_upstream(config, metrics, budget)
     sessions = SessionRegistry(
-        upstream,
-        metrics,
-        config.server.max_sessions,
-        config.server.session_idle_timeout_s,
-        config.server.exchange_capacity,
+        upstream, metrics, config.server.max_sessions, config.server.session_idle_timeout_s, budget
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
@@ -94,7 +96,14 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
     endpoint = McpEndpoint(
-        config.server, upstream, sessions, task_routes, passthrough, metrics, events_enabled=config.events.enabled
+        config.server,
+        upstream,
+        sessions,
+        task_routes,
+        passthrough,
+        metrics,
+        budget,
+        events_enabled=config.events.enabled,
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry

@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
+from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -25,7 +26,6 @@ from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
-    DEFAULT_EXCHANGE_CAPACITY,
     Exchange,
     FailureListener,
     UnsolicitedHandler,
@@ -99,7 +99,7 @@ class HttpChannel(UpstreamChannel):
         config: HttpUpstreamConfig,
         metrics: Metrics,
         era: Era,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget,
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
     ) -> None:
@@ -110,7 +110,7 @@ class HttpChannel(UpstreamChannel):
         self._url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget
         self._session_id: str | None = None
         self._protocol_version: str | None = None
         self._handler: UnsolicitedHandler | None = None
@@ -124,7 +124,7 @@ class HttpChannel(UpstreamChannel):
         return self._session_id
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"], self._capacity, self)
+        exchange = Exchange(message["id"], message["method"], self._budget, self)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
             return exchange
@@ -267,7 +267,7 @@ class HttpChannel(UpstreamChannel):
                 call.messages += 1
                 if exchange.method == "initialize":
                     self._remember_negotiated(message)
-                await exchange.deliver(message)
+                await exchange.deliver(message, event.size)
                 if jsonrpc.is_final(message):
                     await _drain(response)
                     return True
@@ -284,7 +284,7 @@ class HttpChannel(UpstreamChannel):
             return
         if exchange.method == "initialize":
             self._remember_negotiated(message)
-        await exchange.deliver(message)
+        await exchange.deliver(message, len(body))
         if not jsonrpc.is_final(message):
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream answered with a JSON body that is not a response")
 
@@ -295,7 +295,7 @@ class HttpChannel(UpstreamChannel):
             # The SDK answers transport errors with id null; the error belongs to this request.
             message["id"] = exchange.request_id
             message["jsonrpc"] = "2.0"
-            await exchange.deliver(message)
+            await exchange.deliver(message, len(body))
             return
         text = " ".join(body.decode("utf-8", errors="replace").split())[:200] or (response.reason or "")
         exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}: {text}")
@@ -415,10 +415,10 @@ class HttpChannel(UpstreamChannel):
                 if message is None:
                     continue
                 delivered = True
-                await self._deliver_unsolicited(message)
+                await self._deliver_unsolicited(message, event.size)
         return delivered
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         message = await self.tapped(None, message)
         handler = self._handler
         if handler is None:
@@ -426,7 +426,7 @@ class HttpChannel(UpstreamChannel):
             self._metrics.notifications_undelivered.labels(method=method, reason="no_session").inc()
             return
         try:
-            await handler(message)
+            await handler(message, size)
         except Exception:
             logger.exception("unsolicited message handler failed on %s", _label(message))
 
@@ -472,12 +472,12 @@ class HttpUpstream(Upstream):
         url: str,
         config: HttpUpstreamConfig,
         metrics: Metrics,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
         self._client: aiohttp.ClientSession | None = None
         self._shared: HttpChannel | None = None
         self._channels: set[HttpChannel] = set()
@@ -538,7 +538,7 @@ class HttpUpstream(Upstream):
             self._config,
             self._metrics,
             era,
-            self._capacity,
+            self._budget,
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
         )

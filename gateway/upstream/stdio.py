@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TTLCache
 
+from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -82,13 +83,13 @@ class StdioProcess:
         command: list[str],
         config: StdioConfig,
         metrics: Metrics,
-        capacity: int,
+        budget: BufferBudget,
         on_failure: FailureListener | None,
     ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = capacity
+        self._budget = budget
         self._on_failure = on_failure
         self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
@@ -145,7 +146,7 @@ class StdioProcess:
 
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
-        exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
+        exchange = Exchange(client_id, message["method"], self._budget, self.channel)
         if not self.alive:
             exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
             return exchange
@@ -231,7 +232,7 @@ class StdioProcess:
                     continue
                 if isinstance(message, dict):
                     self._answered = True
-                    await self._route(message)
+                    await self._route(message, len(line))
         except ValueError:
             log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
         except Exception:
@@ -239,7 +240,7 @@ class StdioProcess:
         finally:
             await self._on_exit()
 
-    async def _route(self, message: Message) -> None:
+    async def _route(self, message: Message, size: int) -> None:
         method = message.get("method")
         if method is None:
             upstream_id = message.get("id")
@@ -247,38 +248,40 @@ class StdioProcess:
             if route is not None:
                 if route.client_token is not None:
                     self._late_tokens[upstream_id] = route.client_token  # type: ignore[index]
-                await route.exchange.deliver({**message, "id": route.client_id})
+                await route.exchange.deliver({**message, "id": route.client_id}, size)
             return
         params = jsonrpc.params_of(message)
         if method == "notifications/progress":
             token = params.get("progressToken")
             route = self._routes.get(token) if isinstance(token, int) else None
             if route is not None:
-                await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
+                await route.exchange.deliver(
+                    {**message, "params": {**params, "progressToken": route.client_token}}, size
+                )
                 return
             if isinstance(token, int) and token in self._late_tokens:
                 late = {**params, "progressToken": self._late_tokens[token]}
-                await self._deliver_unsolicited({**message, "params": late})
+                await self._deliver_unsolicited({**message, "params": late}, size)
                 return
         subscription = jsonrpc.meta_of(message).get(SUBSCRIPTION_ID_KEY)
         route = self._routes.get(subscription) if isinstance(subscription, int) else None
         if route is not None:
             # A subscriptions/listen stream stamps every notification with the listen request's id.
             meta = {**params["_meta"], SUBSCRIPTION_ID_KEY: route.client_id}
-            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}})
+            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}}, size)
         elif method in _REQUEST_SCOPED and len(self._routes) == 1:
             (route,) = self._routes.values()
-            await route.exchange.deliver(message)
+            await route.exchange.deliver(message, size)
         else:
-            await self._deliver_unsolicited(message)
+            await self._deliver_unsolicited(message, size)
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         if self.channel is not None:
             message = await self.channel.tapped(None, message)
         if self.unsolicited is None:
             self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason="no_session").inc()
             return
-        await self.unsolicited(message)
+        await self.unsolicited(message, size)
 
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -436,11 +439,11 @@ class StdioChannel(UpstreamChannel):
 class StdioUpstream(Upstream):
     """Owns every stdio channel: per-session ones and the pool that serves modern requests."""
 
-    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, exchange_capacity: int = 1024):
+    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, budget: BufferBudget | None = None):
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
         self._slots = asyncio.Semaphore(config.max_processes)
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
@@ -448,7 +451,7 @@ class StdioUpstream(Upstream):
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
-            self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
+            self._command, self._config, self._metrics, self._budget, None if probe else self.report_failure
         )
 
     def forget(self, channel: StdioChannel) -> None:
