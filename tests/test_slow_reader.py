@@ -1,7 +1,7 @@
 """A client that stops reading while a tool floods it costs the gateway a bounded number of bytes.
 
 A real gateway on loopback in front of `tests/servers/flood_server.py` on stdio: one client opens a
-tools/call whose tool sends 200 progress messages of 1–3 MB each, over a raw socket with a small
+tools/call whose tool sends 200 progress messages of 1-3 MB each, over a raw socket with a small
 receive buffer, and never reads. The gateway's peak RSS (/proc) stays within the bound docs/gateway.md
 ("Buffered bytes") gives for the configuration, the client is cut after `write_timeout_s`, another
 client's call completes meanwhile, and per era: a 2025-11-25 call runs on (its remaining messages
@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import socket
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ line_limit_bytes = {LINE_LIMIT_BYTES}
 """
 
 WORST_CASE_BYTES = 2 * STREAM_BUFFER_BYTES + 3 * LINE_LIMIT_BYTES + 2 * LINE_LIMIT_BYTES
-"""docs/gateway.md "Buffered bytes": one stream, 2 × stream_buffer_bytes + 3 × the largest message
-(≤ line_limit_bytes), plus its stdio process's pipe reader, 2 × line_limit_bytes."""
+"""docs/gateway.md "Buffered bytes": one stream, 2 * stream_buffer_bytes + 3 * the largest message
+(at most line_limit_bytes), plus its stdio process's pipe reader, 2 * line_limit_bytes."""
 
 MARGIN = 2
 """Python's allocator and the interpreter's own churn: the measured peak may be up to twice the bound."""
@@ -67,15 +68,21 @@ async def metric(http: aiohttp.ClientSession, gateway: RunningGateway, name: str
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
-async def eventually_metric(http: aiohttp.ClientSession, gateway: RunningGateway, name: str, at_least: float) -> float:
-    async with asyncio.timeout(WAIT_S):
-        while (value := await metric(http, gateway, name)) < at_least:
-            await asyncio.sleep(0.1)
-    return value
+async def until_metric(
+    http: aiohttp.ClientSession, gateway: RunningGateway, name: str, done: Callable[[float], bool]
+) -> None:
+    """Poll /metrics until `done(value of name)`; fails the test after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not done(value := await metric(http, gateway, name)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name} stayed at {value}")
+        await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager
-async def stalled_post(gateway: RunningGateway, client: Client, message: dict[str, Any]) -> AsyncIterator[socket.socket]:
+async def stalled_post(
+    gateway: RunningGateway, client: Client, message: dict[str, Any]
+) -> AsyncIterator[socket.socket]:
     """POST `message` over a raw socket with a small receive buffer, and read nothing until the block
     exits; yields the socket."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -127,11 +134,11 @@ async def test_a_client_that_stops_reading_is_cut_and_costs_bounded_memory(era: 
 
         async with stalled_post(gateway, slow, flood_call(slow, marker)) as sock:
             await wait_for_marker(marker, ("started",), WAIT_S)
-            await eventually_metric(http, gateway, "mcp_gateway_buffered_bytes", 1)
+            await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held > 0)
             # Another client is served while the stuck one holds its stream.
             echoed = await other.result("tools/call", {"name": "echo", "arguments": {"text": "still here"}})
             assert echoed["content"][0]["text"] == "still here"
-            await eventually_metric(http, gateway, "mcp_gateway_slow_clients_total", 1)
+            await until_metric(http, gateway, "mcp_gateway_slow_clients_total", lambda cut: cut == 1)
             await read_until_closed(sock)
 
         outcome = "finished" if era == LEGACY else "cancelled"
@@ -139,9 +146,7 @@ async def test_a_client_that_stops_reading_is_cut_and_costs_bounded_memory(era: 
         if era == LEGACY:
             # The call ran on; what it sent after the cut was discarded, and counted.
             assert await metric(http, gateway, "mcp_gateway_messages_dropped_total") > 0
-        async with asyncio.timeout(WAIT_S):
-            while await metric(http, gateway, "mcp_gateway_buffered_bytes") > 0:
-                await asyncio.sleep(0.1)
+        await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held == 0)
 
         growth = rss_bytes(pid, "VmHWM") - baseline
         print(f"{era}: peak RSS growth {growth / MiB:.1f} MiB, bound {WORST_CASE_BYTES / MiB:.0f} MiB")
@@ -159,15 +164,13 @@ async def test_over_the_budget_new_work_gets_503_until_the_stuck_stream_is_cut(t
         other = Client(http, gateway.url, MODERN, tasks=False)
         echo = {"name": "echo", "arguments": {"text": "hello"}}
         async with stalled_post(gateway, slow, flood_call(slow, marker)):
-            await eventually_metric(http, gateway, "mcp_gateway_buffered_bytes", MiB)
+            await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held >= MiB)
             refused = await other.request("tools/call", echo)
             assert refused.status == 503 and refused.headers["Retry-After"] == "1"
             error = refused.final["error"]
             assert error["code"] == -32603 and "buffered_bytes_budget" in error["message"]
             assert await metric(http, gateway, "mcp_gateway_buffer_refusals_total") == 1
-            await eventually_metric(http, gateway, "mcp_gateway_slow_clients_total", 1)
+            await until_metric(http, gateway, "mcp_gateway_slow_clients_total", lambda cut: cut == 1)
         # Cut and cancelled: its bytes are freed and new work is served again.
-        async with asyncio.timeout(WAIT_S):
-            while await metric(http, gateway, "mcp_gateway_buffered_bytes") >= MiB:
-                await asyncio.sleep(0.1)
+        await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held < MiB)
         assert (await other.result("tools/call", echo))["content"][0]["text"] == "hello"

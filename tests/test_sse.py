@@ -227,7 +227,7 @@ def test_any_chunking_yields_the_same_events(stream: tuple[bytes, list[SseEvent]
 
 def test_events_carry_their_size_on_the_wire() -> None:
     parser = SseParser()
-    raw = "event: message\r\ndata: {\"text\": \"é\"}\r\n\r\n".encode()
+    raw = 'event: message\r\ndata: {"text": "é"}\r\n\r\n'.encode()
     (event,) = parser.feed(raw[:9]) + parser.feed(raw[9:])
     assert event.size == len(raw.replace(b"\r\n", b"\n"))
     (second,) = parser.feed(b"data: x\n\n")

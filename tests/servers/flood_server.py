@@ -26,9 +26,7 @@ async def echo(text: str) -> str:
 
 
 @mcp.tool()
-async def flood(
-    ctx: Context, count: int, min_bytes: int, max_bytes: int, delay: float = 0.0, marker: str = ""
-) -> str:
+async def flood(ctx: Context, count: int, min_bytes: int, max_bytes: int, delay: float = 0.0, marker: str = "") -> str:
     sizes = [min_bytes, (min_bytes + max_bytes) // 2, max_bytes]
     texts = [("x" * size) for size in sizes]
     if marker:
