@@ -44,9 +44,9 @@ write_timeout_s = {WRITE_TIMEOUT_S}
 line_limit_bytes = {LINE_LIMIT_BYTES}
 """
 
-WORST_CASE_BYTES = 2 * STREAM_BUFFER_BYTES + 3 * LINE_LIMIT_BYTES + 2 * LINE_LIMIT_BYTES
-"""docs/gateway.md "Buffered bytes": one stream, 2 * stream_buffer_bytes + 3 * the largest message
-(at most line_limit_bytes), plus its stdio process's pipe reader, 2 * line_limit_bytes."""
+WORST_CASE_BYTES = 3 * max(STREAM_BUFFER_BYTES, LINE_LIMIT_BYTES) + 2 * LINE_LIMIT_BYTES + 2 * LINE_LIMIT_BYTES
+"""docs/gateway.md "Buffered bytes": one stream, 3 * max(B, M) + 2 * M with M (the largest message) at
+most line_limit_bytes, plus its stdio process's pipe reader, 2 * line_limit_bytes."""
 
 MARGIN = 2
 """Python's allocator and the interpreter's own churn: the measured peak may be up to twice the bound."""
