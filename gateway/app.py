@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.log import server_logger
 
 from gateway import __version__
+from gateway.buffers import BufferBudget
 from gateway.config import Config, parse_listen
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.endpoint import McpEndpoint
@@ -43,14 +44,13 @@ REGISTRY = web.AppKey("registry", TaskRegistry)
 """The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
 
 
-def build_upstream(config: Config, metrics: Metrics) -> Upstream:
+def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
     upstream = config.upstream
-    capacity = config.server.exchange_capacity
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, capacity, deadlines)
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines)
     if upstream.command:
-        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity, deadlines)
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
@@ -83,13 +83,15 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
     metrics = Metrics()
-    upstream = upstream or build_upstream(config, metrics)
+    budget = BufferBudget(
+        stream_messages=config.server.exchange_capacity,
+        stream_bytes=config.server.stream_buffer_bytes,
+        budget_bytes=config.server.buffered_bytes_budget,
+        metrics=metrics,
+    )
+    upstream = upstream or build_upstream(config, metrics, budget)
     sessions = SessionRegistry(
-        upstream,
-        metrics,
-        config.server.max_sessions,
-        config.server.session_idle_timeout_s,
-        config.server.exchange_capacity,
+        upstream, metrics, config.server.max_sessions, config.server.session_idle_timeout_s, budget
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
@@ -108,6 +110,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         passthrough,
         metrics,
         rejections,
+        budget,
         events_enabled=config.events.enabled,
     )
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)

@@ -35,6 +35,9 @@ class ServerConfig(_Section):
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
     exchange_capacity: int = Field(default=1024, gt=0)
+    stream_buffer_bytes: int = Field(default=4 * MiB, gt=0)
+    buffered_bytes_budget: int = Field(default=1024 * MiB, gt=0)
+    write_timeout_s: float = Field(default=30.0, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
 

@@ -100,6 +100,27 @@ class Metrics:
             registry=self.registry,
         )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
+        self.buffered_bytes = Gauge(
+            "mcp_gateway_buffered_bytes",
+            "Bytes of upstream messages queued for clients or being written to them, in every stream",
+            registry=self.registry,
+        )
+        self.buffer_refusals = Counter(
+            "mcp_gateway_buffer_refusals",
+            "Requests refused with 503 because buffered bytes were at server.buffered_bytes_budget",
+            registry=self.registry,
+        )
+        self.messages_dropped = Counter(
+            "mcp_gateway_messages_dropped",
+            "Upstream messages discarded because the client of their request or GET stream went away or was "
+            "cut (legacy calls run on without their client)",
+            registry=self.registry,
+        )
+        self.slow_clients = Counter(
+            "mcp_gateway_slow_clients",
+            "Client responses cut because one write did not complete within the write timeout",
+            registry=self.registry,
+        )
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
         self.latency = Histogram(
             "mcp_gateway_request_seconds",

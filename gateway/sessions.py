@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from gateway.buffers import BufferBudget
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
@@ -28,7 +29,7 @@ _GET_STREAM_ID = "__get_stream__"
 
 
 class Session:
-    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, capacity: int) -> None:
+    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, budget: BufferBudget) -> None:
         self.id = session_id
         self.channel = channel
         self.last_seen = time.monotonic()
@@ -46,7 +47,7 @@ class Session:
         """Responses the gateway takes itself, by request id: a hosted task's requests (`respond`)."""
         self._closing = False
         self._metrics = metrics
-        self._capacity = capacity
+        self._budget = budget
         self.get_stream: Exchange | None = None
         channel.set_unsolicited_handler(self.deliver_unsolicited)
 
@@ -66,20 +67,21 @@ class Session:
         else:
             await self.channel.respond(message, headers)
 
-    async def deliver_unsolicited(self, message: Message) -> None:
+    async def deliver_unsolicited(self, message: Message, size: int = 0) -> None:
+        """To the GET stream; `size` is the message's size on the wire (0 for the gateway's own)."""
         stream = self.get_stream
         if stream is None:
             reason = "session_closed" if self._closing else "no_get_stream"
             self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason=reason).inc()
             return
         self.note_outgoing(message)
-        await stream.deliver(message)
+        await stream.deliver(message, size)
 
     def open_get_stream(self) -> Exchange | None:
         """The queue for a new GET stream, or None if one is already open (the caller answers 409)."""
         if self.get_stream is not None:
             return None
-        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._capacity)
+        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._budget)
         return self.get_stream
 
     def close_get_stream(self, stream: Exchange) -> None:
@@ -112,12 +114,14 @@ class SessionLimitReached(Exception):
 
 
 class SessionRegistry:
-    def __init__(self, upstream: Upstream, metrics: Metrics, max_sessions: int, idle_timeout_s: float, capacity: int):
+    def __init__(
+        self, upstream: Upstream, metrics: Metrics, max_sessions: int, idle_timeout_s: float, budget: BufferBudget
+    ):
         self._upstream = upstream
         self._metrics = metrics
         self._max_sessions = max_sessions
         self._idle_timeout_s = idle_timeout_s
-        self._capacity = capacity
+        self._budget = budget
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -128,7 +132,7 @@ class SessionRegistry:
         if len(self._sessions) >= self._max_sessions:
             raise SessionLimitReached(f"the gateway holds its maximum of {self._max_sessions} sessions")
         channel = await self._upstream.open_session()
-        session = Session(secrets.token_hex(16), channel, self._metrics, self._capacity)
+        session = Session(secrets.token_hex(16), channel, self._metrics, self._budget)
         self._sessions[session.id] = session
         self._metrics.sessions.set(len(self._sessions))
         return session

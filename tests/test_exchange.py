@@ -1,10 +1,16 @@
-"""Unit tests of Exchange: order, batching, backpressure, detach, failure after queued messages, deadlines."""
+"""Unit tests of Exchange: order, batching, backpressure in messages and bytes, detach, failure after queued
+messages, deadlines, and the gateway-wide buffer budget."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from gateway.buffers import BufferBudget
+from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import ProtocolError
 from gateway.upstream.base import (
     CLIENT_CANCEL_REASON,
     REQUEST_TIMEOUT,
@@ -32,7 +38,7 @@ async def test_messages_arrive_in_order_and_end_with_the_response() -> None:
 
 
 async def test_a_lagging_consumer_blocks_the_producer_instead_of_dropping() -> None:
-    exchange = Exchange(1, "tools/call", capacity=3)
+    exchange = Exchange(1, "tools/call", BufferBudget(stream_messages=3))
 
     async def produce() -> None:
         for i in range(10):
@@ -55,7 +61,7 @@ async def test_next_batch_times_out_with_an_empty_batch() -> None:
 
 
 async def test_fail_comes_after_what_is_queued_and_never_blocks() -> None:
-    exchange = Exchange(1, "tools/call", capacity=1)
+    exchange = Exchange(1, "tools/call", BufferBudget(stream_messages=1))
     await exchange.deliver(note(0))
     exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream process exited")
     messages = await exchange.collect()
@@ -65,7 +71,7 @@ async def test_fail_comes_after_what_is_queued_and_never_blocks() -> None:
 
 
 async def test_detach_unblocks_the_producer_and_discards() -> None:
-    exchange = Exchange(1, "tools/call", capacity=1)
+    exchange = Exchange(1, "tools/call", BufferBudget(stream_messages=1))
     await exchange.deliver(note(0))
     producer = asyncio.create_task(exchange.deliver(note(1)))
     await asyncio.sleep(0.01)
@@ -161,7 +167,7 @@ async def test_an_answered_exchange_never_expires() -> None:
 
 async def test_a_message_waiting_for_room_is_not_delivered_after_the_timeout_error() -> None:
     recorder = Recorder()
-    exchange = Exchange(1, "tools/call", capacity=1, deadline=recorder.deadline())
+    exchange = Exchange(1, "tools/call", BufferBudget(stream_messages=1), deadline=recorder.deadline())
     await exchange.deliver(note(0))
     producer = asyncio.create_task(exchange.deliver(note(1)))  # blocked: the consumer is one behind
     async with asyncio.timeout(5):
@@ -171,3 +177,83 @@ async def test_a_message_waiting_for_room_is_not_delivered_after_the_timeout_err
     assert messages[0] == note(0) and messages[-1]["error"]["data"]["reason"] == REQUEST_TIMEOUT, messages
     assert len(messages) == 2, messages
     assert await exchange.next_batch(0) is None  # nothing after the error
+
+
+async def stuck(delivery: asyncio.Task[None]) -> bool:
+    """Whether a delivery is (still) waiting for room."""
+    await asyncio.sleep(0.01)
+    return not delivery.done()
+
+
+async def test_bytes_bound_the_exchange_until_the_consumer_comes_back_for_more() -> None:
+    budget = BufferBudget(stream_bytes=1000)
+    exchange = Exchange(1, "tools/call", budget)
+    await exchange.deliver(note(0), 600)
+    third = asyncio.create_task(exchange.deliver(note(1), 600))
+    assert await stuck(third) and budget.held == 600
+    assert await exchange.next_batch() == [note(0)]
+    # Handed out but not yet written (the consumer has not come back): still held.
+    assert await stuck(third) and budget.held == 600
+    assert await exchange.next_batch() == [note(1)]  # coming back released the first batch
+    await third
+    assert budget.held == 600
+    await exchange.deliver(RESPONSE, 10)
+    assert await exchange.collect() == [RESPONSE]
+    assert budget.held == 0
+
+
+async def test_a_message_larger_than_the_bound_passes_alone() -> None:
+    budget = BufferBudget(stream_bytes=100)
+    exchange = Exchange(1, "tools/call", budget)
+    await exchange.deliver(note(0), 5000)
+    second = asyncio.create_task(exchange.deliver(note(1), 1))
+    assert await stuck(second)
+    assert await exchange.next_batch() == [note(0)]
+    assert await exchange.next_batch(0) == []  # releases the large one: room again
+    await second
+    assert await exchange.next_batch() == [note(1)]
+
+
+async def test_more_adds_to_the_batch_and_keeps_it_held() -> None:
+    budget = BufferBudget(stream_bytes=1000)
+    exchange = Exchange(1, "tools/call", budget)
+    await exchange.deliver(note(0), 400)
+    batch = await exchange.next_batch()
+    await exchange.deliver(note(1), 400)
+    batch = [*(batch or []), *exchange.more()]
+    assert batch == [note(0), note(1)] and budget.held == 800
+    blocked = asyncio.create_task(exchange.deliver(note(2), 400))
+    assert await stuck(blocked)
+    exchange.detach()
+    await blocked
+
+
+async def test_detach_releases_the_bytes_and_counts_what_it_drops() -> None:
+    metrics = Metrics()
+    budget = BufferBudget(stream_bytes=1000, metrics=metrics)
+    exchange = Exchange(1, "tools/call", budget)
+    await exchange.deliver(note(0), 300)
+    await exchange.deliver(note(1), 300)
+    exchange.detach()
+    await exchange.deliver(note(2), 300)
+    await exchange.deliver(RESPONSE, 10)
+    assert budget.held == 0
+    assert metrics.registry.get_sample_value("mcp_gateway_messages_dropped_total") == 4
+    assert metrics.registry.get_sample_value("mcp_gateway_buffered_bytes") == 0
+
+
+async def test_the_budget_refuses_new_work_with_503_until_buffers_drain() -> None:
+    metrics = Metrics()
+    budget = BufferBudget(stream_bytes=1000, budget_bytes=500, metrics=metrics)
+    exchange = Exchange(1, "tools/call", budget)
+    budget.admit(7)
+    await exchange.deliver(note(0), 600)
+    with pytest.raises(ProtocolError) as refused:
+        budget.admit(7)
+    error = refused.value
+    assert (error.http_status, error.code, error.request_id, error.retry_after_s) == (503, -32603, 7, 1)
+    assert "server.buffered_bytes_budget" in error.message
+    assert metrics.registry.get_sample_value("mcp_gateway_buffer_refusals_total") == 1
+    await exchange.deliver(RESPONSE, 10)
+    await exchange.collect()
+    budget.admit(8)

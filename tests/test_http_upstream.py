@@ -202,7 +202,7 @@ async def test_unsolicited_messages_reach_the_handler(upstream: HttpUpstream) ->
     channel = await legacy_session(upstream)
     received: list[Message] = []
 
-    async def handler(message: Message) -> None:
+    async def handler(message: Message, size: int) -> None:
         received.append(message)
 
     channel.set_unsolicited_handler(handler)

@@ -20,11 +20,12 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
 from gateway.edge.rejections import Rejections
 from gateway.edge.relay import Transform, relay
-from gateway.edge.responder import Responder, json_response
+from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import Call, TaskRoutes
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -63,7 +64,10 @@ def error_response(error: ProtocolError, era: Era | None = None) -> web.Response
     status = error.http_status
     if era is not None and status == 400:
         status = era.status_for_response(message)
-    return json_response(message, status, {"Allow": "POST"} if status == 405 else None)
+    headers = {"Allow": "POST"} if status == 405 else {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    return json_response(message, status, headers)
 
 
 class McpEndpoint:
@@ -76,10 +80,12 @@ class McpEndpoint:
         passthrough: Passthrough,
         metrics: Metrics,
         rejections: Rejections,
+        budget: BufferBudget,
         *,
         events_enabled: bool,
     ) -> None:
         self._config = config
+        self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
         self._tasks = task_routes
@@ -163,6 +169,7 @@ class McpEndpoint:
         call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
 
         async def session_channel() -> UpstreamChannel:
+            self._budget.admit(message["id"])
             return session.channel
 
         session.open_streams += 1
@@ -203,6 +210,7 @@ class McpEndpoint:
                 request_id=message["id"],
             ) from None
         except asyncio.CancelledError:
+            exchange.detach()
             await self._sessions.close(session.id)
             raise
         final = messages.pop()
@@ -248,6 +256,7 @@ class McpEndpoint:
             # Taken only by requests that reach the upstream, once: a tasks/stream served from the
             # log must not hold a pooled process for as long as it stays open.
             if not leased:
+                self._budget.admit(message["id"])
                 # The conversation that holds the state: an MRTR retry's requestState, a task's id.
                 params = jsonrpc.params_of(message)
                 state = params.get("taskId" if message["method"].startswith("tasks/") else "requestState")
@@ -378,7 +387,7 @@ class McpEndpoint:
         exchange = await channel.request(call.message, call.headers)
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
-        responder = Responder(call.request, self._metrics)
+        responder = Responder(call.request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         return await relay(
             exchange,
             responder,
@@ -465,22 +474,24 @@ class McpEndpoint:
     async def _get_stream(self, request: web.Request) -> web.StreamResponse:
         checks.check_accept_stream(request.headers.get("Accept"))
         session = await self._session_for(request)
+        self._budget.admit(None)
         stream = session.open_get_stream()
         if stream is None:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
         session.open_streams += 1
-        responder = Responder(request, self._metrics)
+        responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         try:
             await responder.keepalive()
             while (batch := await stream.next_batch(self._config.keepalive_s)) is not None:
                 await (responder.send(batch) if batch else responder.keepalive())
             assert responder.stream is not None
             await responder.stream.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionResetError, SlowClient):
             if responder.stream is None:
                 raise
+            responder.abandon()
         finally:
             session.close_get_stream(stream)
             session.open_streams -= 1

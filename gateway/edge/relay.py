@@ -70,7 +70,7 @@ async def relay(
                 # Mid-burst: let the burst accumulate and write it once, instead of one small write
                 # (one syscall, one wake-up of the client) per notification.
                 await asyncio.sleep(pause)
-                batch.extend(await exchange.next_batch(0) or [])
+                batch.extend(exchange.more())
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
@@ -101,6 +101,8 @@ async def relay(
             raise
         return response
     finally:
+        if handoff is None or not handoff.taken:
+            exchange.detach()  # what it held no longer counts (a cut call's later messages are discarded)
         responder.close()
 
 

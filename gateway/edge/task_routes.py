@@ -235,7 +235,7 @@ class TaskRoutes:
         handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked)
         return await relay(
             exchange,
-            self._responder(call),
+            Responder(call.request, self._metrics, write_timeout_s=self._server.write_timeout_s),
             call.era,
             self._metrics,
             self._server.keepalive_s,

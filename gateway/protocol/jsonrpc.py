@@ -42,6 +42,7 @@ class ProtocolError(Exception):
         http_status: int = 400,
         data: Any = None,
         request_id: RequestId | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -49,6 +50,8 @@ class ProtocolError(Exception):
         self.http_status = http_status
         self.data = data
         self.request_id = request_id
+        self.retry_after_s = retry_after_s
+        """Sent as `Retry-After` (with a 503): when the refused request may succeed."""
 
     def to_message(self) -> Message:
         return error_response(self.request_id, self.code, self.message, self.data)

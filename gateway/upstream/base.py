@@ -5,9 +5,11 @@ An `UpstreamChannel` is one upstream conversation (a stdio process, or an HTTP u
 server-to-client requests) in arrival order, ending with exactly one response. Upstream failures never
 raise out of a channel; they end the exchange with a JSON-RPC error response instead.
 
-Backpressure is end to end: `Exchange.deliver` waits while the consumer is `capacity` messages behind,
-so a burst is never dropped and never buffered without bound. A consumer that goes away calls
-`detach()`, after which messages are discarded so the link never stalls on it.
+Backpressure is end to end and bounded in bytes as well as messages (see `gateway.buffers`):
+`Exchange.deliver` waits while the exchange holds its budget's `stream_bytes` (queued, or handed to a
+consumer that has not come back for more, i.e. is still writing them) or `stream_messages` queued, so
+a burst is never dropped and never buffered without bound. A consumer that goes away calls
+`detach()`, after which messages are discarded (and counted) so the link never stalls on it.
 
 An exchange given a `Deadline` that passes before its response ends with a timeout error and is
 cancelled upstream (the link decides how), whether or not anyone still consumes it: an upstream that
@@ -25,10 +27,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
+from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
-UnsolicitedHandler = Callable[[Message], Awaitable[None]]
+UnsolicitedHandler = Callable[[Message, int], Awaitable[None]]
+"""Gets a message not tied to a request and its size on the wire in bytes."""
 CancelHook = Callable[[str], Awaitable[None]]
 """Cancels one request upstream, giving the reason (a stdio or legacy upstream sees it in
 `notifications/cancelled`)."""
@@ -42,7 +46,6 @@ FailureListener = Callable[[str], None]
 """Told (with the cause) when real traffic found the upstream unusable: a stdio command that cannot start
 or whose process exits, an HTTP upstream that does not answer. Must not block (readiness re-checks)."""
 
-DEFAULT_EXCHANGE_CAPACITY = 1024
 CLIENT_CANCEL_REASON = "cancelled by the client"
 TIMEOUT_CANCEL_REASON = "request timed out at the gateway"
 REQUEST_TIMEOUT = "request_timeout"
@@ -78,15 +81,18 @@ class Exchange:
         self,
         request_id: RequestId,
         method: str,
-        capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget | None = None,
         channel: UpstreamChannel | None = None,
         deadline: Deadline | None = None,
     ) -> None:
         self.request_id = request_id
         self.method = method
         self._channel = channel
-        self._capacity = capacity
+        self._budget = budget or BufferBudget()
         self._items: deque[Message] = deque()
+        self._queued_bytes = 0
+        self._handed_bytes = 0
+        """Bytes of the batch (or batches, with `more`) the consumer took last and is still writing."""
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -116,13 +122,20 @@ class Exchange:
         """Set by the link: how to cancel this request upstream (era and transport specific)."""
         self._cancel_hook = hook
 
-    async def deliver(self, message: Message) -> None:
-        """Called by the link for each message routed here, in arrival order."""
+    def _full(self, size: int) -> bool:
+        if len(self._items) >= self._budget.stream_messages:
+            return True
+        held = self._queued_bytes + self._handed_bytes
+        # A message larger than the whole bound still passes, alone: nothing else is held then.
+        return held > 0 and held + size > self._budget.stream_bytes
+
+    async def deliver(self, message: Message, size: int = 0) -> None:
+        """Called by the link for each message routed here, in arrival order, with its size on the wire."""
         if self._finished:
             return
         if self._channel is not None and self._channel.tap is not None:
             message = await self._channel.tap(self._channel, self.method, message)
-        while len(self._items) >= self._capacity and not self._detached:
+        while not self._detached and self._full(size):
             self._writable.clear()
             await self._writable.wait()
         if self._finished:  # failed (or expired) while this message waited for room
@@ -130,8 +143,11 @@ class Exchange:
         if jsonrpc.is_final(message):
             self._settle()
         if self._detached:
+            self._budget.dropped(1)
             return
         self._items.append(message)
+        self._queued_bytes += size
+        self._budget.held += size
         self._readable.set()
 
     def fail(self, code: int, text: str, data: object = None, *, detail: str | None = None) -> None:
@@ -155,8 +171,12 @@ class Exchange:
 
     def detach(self) -> None:
         """The consumer is gone: discard what is queued and whatever still arrives."""
+        if not self._detached:
+            self._budget.dropped(len(self._items))
         self._detached = True
         self._items.clear()
+        self._budget.held -= self._queued_bytes + self._handed_bytes
+        self._queued_bytes = self._handed_bytes = 0
         self._writable.set()
         self._readable.set()
 
@@ -192,8 +212,22 @@ class Exchange:
         if deadline.on_expiry is not None:
             deadline.on_expiry(self.method)
 
+    def _hand_out(self) -> list[Message]:
+        batch = list(self._items)
+        self._items.clear()
+        self._handed_bytes += self._queued_bytes
+        self._queued_bytes = 0
+        self._writable.set()
+        return batch
+
     async def next_batch(self, wait_s: float | None = None) -> list[Message] | None:
-        """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over."""
+        """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over.
+
+        Calling it again says the previous batch is written: its bytes stop counting against the bound."""
+        if self._handed_bytes:
+            self._budget.held -= self._handed_bytes
+            self._handed_bytes = 0
+            self._writable.set()
         if self._detached:
             return None
         if not self._items:
@@ -206,10 +240,11 @@ class Exchange:
                 return []
             if not self._items:
                 return None if self._finished or self._detached else []
-        batch = list(self._items)
-        self._items.clear()
-        self._writable.set()
-        return batch
+        return self._hand_out()
+
+    def more(self) -> list[Message]:
+        """What arrived since the last batch, to be written with it: it counts until the next `next_batch`."""
+        return self._hand_out()
 
     async def collect(self) -> list[Message]:
         """Every message until the response (inclusive)."""

@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
+from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -26,7 +27,6 @@ from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
-    DEFAULT_EXCHANGE_CAPACITY,
     DeadlineRule,
     Exchange,
     FailureListener,
@@ -101,7 +101,7 @@ class HttpChannel(UpstreamChannel):
         config: HttpUpstreamConfig,
         metrics: Metrics,
         era: Era,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget,
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
         deadlines: DeadlineRule | None = None,
@@ -114,7 +114,7 @@ class HttpChannel(UpstreamChannel):
         self._url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget
         self._session_id: str | None = None
         self._protocol_version: str | None = None
         self._handler: UnsolicitedHandler | None = None
@@ -129,7 +129,7 @@ class HttpChannel(UpstreamChannel):
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
         deadline = self._deadlines(message) if self._deadlines is not None else None
-        exchange = Exchange(message["id"], message["method"], self._capacity, self, deadline)
+        exchange = Exchange(message["id"], message["method"], self._budget, self, deadline)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
             return exchange
@@ -274,7 +274,7 @@ class HttpChannel(UpstreamChannel):
                 call.messages += 1
                 if exchange.method == "initialize":
                     self._remember_negotiated(message)
-                await exchange.deliver(message)
+                await exchange.deliver(message, event.size)
                 if jsonrpc.is_final(message):
                     await _drain(response)
                     return True
@@ -291,7 +291,7 @@ class HttpChannel(UpstreamChannel):
             return
         if exchange.method == "initialize":
             self._remember_negotiated(message)
-        await exchange.deliver(message)
+        await exchange.deliver(message, len(body))
         if not jsonrpc.is_final(message):
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream answered with a JSON body that is not a response")
 
@@ -302,7 +302,7 @@ class HttpChannel(UpstreamChannel):
             # The SDK answers transport errors with id null; the error belongs to this request.
             message["id"] = exchange.request_id
             message["jsonrpc"] = "2.0"
-            await exchange.deliver(message)
+            await exchange.deliver(message, len(body))
             return
         # The body may be a proxy's page or a stack trace: the log and /readyz get it, the client only the status.
         text = " ".join(body.decode("utf-8", errors="replace").split())[:200] or (response.reason or "")
@@ -423,10 +423,10 @@ class HttpChannel(UpstreamChannel):
                 if message is None:
                     continue
                 delivered = True
-                await self._deliver_unsolicited(message)
+                await self._deliver_unsolicited(message, event.size)
         return delivered
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         message = await self.tapped(None, message)
         handler = self._handler
         if handler is None:
@@ -434,7 +434,7 @@ class HttpChannel(UpstreamChannel):
             self._metrics.notifications_undelivered.labels(method=method, reason="no_session").inc()
             return
         try:
-            await handler(message)
+            await handler(message, size)
         except Exception:
             logger.exception("unsolicited message handler failed on %s", _label(message))
 
@@ -480,13 +480,13 @@ class HttpUpstream(Upstream):
         url: str,
         config: HttpUpstreamConfig,
         metrics: Metrics,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
     ) -> None:
         self.url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
         self._deadlines = deadlines
         self._client: aiohttp.ClientSession | None = None
         self._shared: HttpChannel | None = None
@@ -548,7 +548,7 @@ class HttpUpstream(Upstream):
             self._config,
             self._metrics,
             era,
-            self._capacity,
+            self._budget,
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
             deadlines=self._deadlines,

@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TTLCache
 
+from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
@@ -99,14 +100,14 @@ class StdioProcess:
         command: list[str],
         config: StdioConfig,
         metrics: Metrics,
-        capacity: int,
+        budget: BufferBudget,
         on_failure: FailureListener | None,
         deadlines: DeadlineRule | None = None,
     ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = capacity
+        self._budget = budget
         self._on_failure = on_failure
         self._deadlines = deadlines
         self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
@@ -175,7 +176,7 @@ class StdioProcess:
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
         deadline = self._deadlines(message) if self._deadlines is not None else None
-        exchange = Exchange(client_id, message["method"], self._capacity, self.channel, deadline)
+        exchange = Exchange(client_id, message["method"], self._budget, self.channel, deadline)
         if not self.alive:
             exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
             return exchange
@@ -270,7 +271,7 @@ class StdioProcess:
                     continue
                 if isinstance(message, dict):
                     self._answered = True
-                    await self._route(message)
+                    await self._route(message, len(line))
         except Exception:
             log.exception("stdio reader failed")
         finally:
@@ -320,7 +321,7 @@ class StdioProcess:
                 {"reason": RESPONSE_TOO_LARGE, "size": size, "limit": limit, "key": "upstream.stdio.line_limit_bytes"},
             )
 
-    async def _route(self, message: Message) -> None:
+    async def _route(self, message: Message, size: int) -> None:
         method = message.get("method")
         if method is None:
             upstream_id = message.get("id")
@@ -328,38 +329,40 @@ class StdioProcess:
             if route is not None:
                 if route.client_token is not None:
                     self._late_tokens[upstream_id] = route.client_token  # type: ignore[index]
-                await route.exchange.deliver({**message, "id": route.client_id})
+                await route.exchange.deliver({**message, "id": route.client_id}, size)
             return
         params = jsonrpc.params_of(message)
         if method == "notifications/progress":
             token = params.get("progressToken")
             route = self._routes.get(token) if isinstance(token, int) else None
             if route is not None:
-                await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
+                await route.exchange.deliver(
+                    {**message, "params": {**params, "progressToken": route.client_token}}, size
+                )
                 return
             if isinstance(token, int) and token in self._late_tokens:
                 late = {**params, "progressToken": self._late_tokens[token]}
-                await self._deliver_unsolicited({**message, "params": late})
+                await self._deliver_unsolicited({**message, "params": late}, size)
                 return
         subscription = jsonrpc.meta_of(message).get(SUBSCRIPTION_ID_KEY)
         route = self._routes.get(subscription) if isinstance(subscription, int) else None
         if route is not None:
             # A subscriptions/listen stream stamps every notification with the listen request's id.
             meta = {**params["_meta"], SUBSCRIPTION_ID_KEY: route.client_id}
-            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}})
+            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}}, size)
         elif method in _REQUEST_SCOPED and len(self._routes) == 1:
             (route,) = self._routes.values()
-            await route.exchange.deliver(message)
+            await route.exchange.deliver(message, size)
         else:
-            await self._deliver_unsolicited(message)
+            await self._deliver_unsolicited(message, size)
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         if self.channel is not None:
             message = await self.channel.tapped(None, message)
         if self.unsolicited is None:
             self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason="no_session").inc()
             return
-        await self.unsolicited(message)
+        await self.unsolicited(message, size)
 
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -525,13 +528,13 @@ class StdioUpstream(Upstream):
         command: list[str],
         config: StdioConfig,
         metrics: Metrics,
-        exchange_capacity: int = 1024,
+        budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
     ):
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
         self._deadlines = deadlines
         self._slots = asyncio.Semaphore(config.max_processes)
         self._idle: list[StdioChannel] = []
@@ -543,7 +546,7 @@ class StdioUpstream(Upstream):
             self._command,
             self._config,
             self._metrics,
-            self._capacity,
+            self._budget,
             None if probe else self.report_failure,
             self._deadlines,
         )

@@ -1,0 +1,63 @@
+"""How many bytes of upstream messages wait for clients: each stream's bound and the gateway-wide budget.
+
+Every Exchange (one forwarded request's messages, a legacy session's GET stream) counts the wire size
+of the messages it holds, from the moment they are queued until its consumer has written them (it
+comes back for more, or lets go). Sizes come from the links, which hold each message's raw bytes when
+they parse it: nothing is serialised again to be measured. A stream at `stream_bytes` (or
+`stream_messages`) makes its upstream reader wait. The gateway-wide total is checked only when new
+streaming work starts, which is refused over `budget_bytes`: a slow client never stalls the others.
+This module does no I/O.
+"""
+
+from __future__ import annotations
+
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import ProtocolError, RequestId
+
+MiB = 1024 * 1024
+
+RETRY_AFTER_S = 1
+"""What a refused client is told to wait: buffers drain as their clients read, or when slow ones are cut."""
+
+
+class BufferBudget:
+    """The per-stream bounds every exchange applies, and the bytes all of them hold right now."""
+
+    def __init__(
+        self,
+        *,
+        stream_messages: int = 1024,
+        stream_bytes: int = 4 * MiB,
+        budget_bytes: int | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.stream_messages = stream_messages
+        self.stream_bytes = stream_bytes
+        self.budget_bytes = budget_bytes
+        self.held = 0
+        """Bytes held by every exchange together; exchanges add and subtract directly (hot path)."""
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.buffered_bytes.set_function(lambda: self.held)
+
+    def admit(self, request_id: RequestId | None) -> None:
+        """Refuse new streaming work (HTTP 503) while the held total is at or over the budget."""
+        if self.budget_bytes is None or self.held < self.budget_bytes:
+            return
+        if self._metrics is not None:
+            self._metrics.buffer_refusals.inc()
+        raise ProtocolError(
+            jsonrpc.INTERNAL_ERROR,
+            f"Service Unavailable: the gateway holds {self.held} bytes for clients that have not read them yet, "
+            f"at or over its budget of {self.budget_bytes} (server.buffered_bytes_budget); "
+            f"retry after {RETRY_AFTER_S} s",
+            http_status=503,
+            request_id=request_id,
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def dropped(self, messages: int) -> None:
+        """Count upstream messages discarded because their client went away or was cut."""
+        if messages and self._metrics is not None:
+            self._metrics.messages_dropped.inc(messages)
