@@ -86,6 +86,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.max_sessions,
         config.server.session_idle_timeout_s,
         config.server.exchange_capacity,
+        config.server.session_handshake_timeout_s,
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
@@ -96,6 +97,15 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     endpoint = McpEndpoint(
         config.server, upstream, sessions, task_routes, passthrough, metrics, events_enabled=config.events.enabled
     )
+    metrics.tasks.set_function(lambda: len(registry))
+    ceilings = {
+        "server.max_sessions": config.server.max_sessions,
+        "upstream.stdio.max_processes": config.upstream.stdio.max_processes,
+        "tasks.max_tasks_total": config.tasks.max_tasks_total,
+        "tasks.max_streams_total": config.tasks.max_streams_total,
+    }
+    for limit, value in ceilings.items():
+        metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
     readiness = Readiness(

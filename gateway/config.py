@@ -31,6 +31,10 @@ class ServerConfig(_Section):
     keepalive_s: float = Field(default=15.0, gt=0)
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
+    session_handshake_timeout_s: float = Field(default=30.0, gt=0)
+    """A session that made no request after initialize is closed this soon (it holds a stdio process)."""
+    retry_after_s: int = Field(default=5, gt=0)
+    """`Retry-After` of a 503 sent because a ceiling is reached."""
     exchange_capacity: int = Field(default=1024, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
@@ -218,8 +222,10 @@ class TasksConfig(_Section):
     max_ttl_ms: int = Field(default=86_400_000, gt=0)
     poll_interval_ms: int = Field(default=1000, gt=0)
     max_tasks_per_owner: int = Field(default=1000, gt=0)
+    max_tasks_total: int = Field(default=10_000, gt=0)
     page_size: int = Field(default=50, gt=0)
     max_streams_per_task: int = Field(default=1000, gt=0)
+    max_streams_total: int = Field(default=1000, gt=0)
     stream_write_timeout_s: float = Field(default=30.0, gt=0)
     replay_batch: int = Field(default=256, gt=0)
     stream_flush_interval_ms: float = Field(default=20.0, ge=0)

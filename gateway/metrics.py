@@ -65,6 +65,29 @@ class Metrics:
         )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
+        self.sessions_expired = Counter(
+            "mcp_gateway_sessions_expired",
+            "Legacy sessions the gateway closed on its own, by reason: handshake (no request after "
+            "initialize within session_handshake_timeout_s), idle (session_idle_timeout_s)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.tasks = Gauge(
+            "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)", registry=self.registry
+        )
+        self.task_streams = Gauge("mcp_gateway_task_streams", "Open tasks/stream requests", registry=self.registry)
+        self.rejected = Counter(
+            "mcp_gateway_rejected",
+            "Requests refused with 503 because a ceiling was reached, by the ceiling's config key",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.limits = Gauge(
+            "mcp_gateway_limit",
+            "Configured ceilings, by config key: compare with the gauges of current use",
+            ["limit"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "mcp_gateway_request_seconds",
             "Time from receiving a client request to sending its response, by method",

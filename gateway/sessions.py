@@ -2,7 +2,9 @@
 
 A session owns one upstream channel, the standalone GET stream's queue, and the ids of the
 server-to-client requests relayed to it (so the client's response POST can be checked and routed).
-Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper.
+Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper; so,
+much sooner, are sessions that made no request after their handshake (`session_handshake_timeout_s`),
+which would otherwise hold an upstream process each for the whole idle timeout.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.metrics import Metrics
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.sessions")
@@ -33,6 +35,8 @@ class Session:
         self.channel = channel
         self.last_seen = time.monotonic()
         self.open_streams = 0
+        self.engaged = False
+        """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
         self.pending_server_requests: set[RequestId] = set()
         self.upstream_has_tasks = False
         """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
@@ -107,16 +111,21 @@ class Session:
             await self.channel.close()
 
 
-class SessionLimitReached(Exception):
-    pass
-
-
 class SessionRegistry:
-    def __init__(self, upstream: Upstream, metrics: Metrics, max_sessions: int, idle_timeout_s: float, capacity: int):
+    def __init__(
+        self,
+        upstream: Upstream,
+        metrics: Metrics,
+        max_sessions: int,
+        idle_timeout_s: float,
+        capacity: int,
+        handshake_timeout_s: float,
+    ):
         self._upstream = upstream
         self._metrics = metrics
         self._max_sessions = max_sessions
         self._idle_timeout_s = idle_timeout_s
+        self._handshake_timeout_s = handshake_timeout_s
         self._capacity = capacity
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -126,7 +135,11 @@ class SessionRegistry:
 
     async def create(self) -> Session:
         if len(self._sessions) >= self._max_sessions:
-            raise SessionLimitReached(f"the gateway holds its maximum of {self._max_sessions} sessions")
+            raise Overloaded(
+                "server.max_sessions",
+                f"the gateway holds its maximum of {self._max_sessions} sessions",
+                "retry later; end sessions you no longer use with DELETE",
+            )
         channel = await self._upstream.open_session()
         session = Session(secrets.token_hex(16), channel, self._metrics, self._capacity)
         self._sessions[session.id] = session
@@ -151,14 +164,27 @@ class SessionRegistry:
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
 
     async def _sweep(self) -> None:
-        interval = min(60.0, self._idle_timeout_s / 2)
+        interval = min(60.0, self._idle_timeout_s / 2, self._handshake_timeout_s / 2)
         while True:
             await asyncio.sleep(interval)
-            cutoff = time.monotonic() - self._idle_timeout_s
-            idle = [s.id for s in self._sessions.values() if s.last_seen < cutoff and s.open_streams == 0]
-            for session_id in idle:
-                log.info("closing idle session", extra={"session": session_id})
-                await self.close(session_id)
+            await self.sweep_once()
+
+    async def sweep_once(self) -> None:
+        now = time.monotonic()
+        for session in list(self._sessions.values()):
+            if session.open_streams:
+                continue
+            if not session.engaged and session.last_seen < now - self._handshake_timeout_s:
+                # Debug only: a flood of bare initialize calls must not flood the log as well.
+                log.debug("closing session that made no request after initialize", extra={"session": session.id})
+                reason = "handshake"
+            elif session.last_seen < now - self._idle_timeout_s:
+                log.info("closing idle session", extra={"session": session.id})
+                reason = "idle"
+            else:
+                continue
+            self._metrics.sessions_expired.labels(reason=reason).inc()
+            await self.close(session.id)
 
     async def stop(self) -> None:
         if self._sweeper is not None:

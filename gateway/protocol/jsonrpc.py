@@ -54,6 +54,24 @@ class ProtocolError(Exception):
         return error_response(self.request_id, self.code, self.message, self.data)
 
 
+class Overloaded(ProtocolError):
+    """A ceiling is reached: HTTP 503 in both eras, the one shape of "overloaded" (the edge adds
+    `Retry-After` and counts it).
+
+    `limit` is the config key of the ceiling, also `data.limit` and the `limit` label of
+    `mcp_gateway_rejected_total`; `what` says what is full and `remedy` what the caller can do."""
+
+    def __init__(self, limit: str, what: str, remedy: str, *, request_id: RequestId | None = None) -> None:
+        super().__init__(
+            INTERNAL_ERROR,
+            f"Service Unavailable: {what} ({limit}); {remedy}",
+            http_status=503,
+            data={"reason": "overloaded", "limit": limit},
+            request_id=request_id,
+        )
+        self.limit = limit
+
+
 def error_response(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:

@@ -33,7 +33,7 @@ from cachetools import LRUCache, TTLCache
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import Exchange, FailureListener, UnsolicitedHandler, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.upstream.stdio")
@@ -60,8 +60,8 @@ _REQUEST_SCOPED = frozenset(
 )
 
 
-class UpstreamBusy(Exception):
-    """No upstream process could be had within the limit; the edge answers 503."""
+class UpstreamBusy(Overloaded):
+    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
@@ -460,19 +460,23 @@ class StdioUpstream(Upstream):
         if self._slots.locked() and self._idle:
             await self._idle.pop().close()
         if self._slots.locked() and wait_s <= 0:
-            raise UpstreamBusy(self._busy_message())
+            raise self._busy()
         try:
             # An unlocked semaphore is acquired at once; only a full one needs the deadline.
             async with asyncio.timeout(wait_s if self._slots.locked() else None):
                 await self._slots.acquire()
         except TimeoutError:
-            raise UpstreamBusy(self._busy_message()) from None
+            raise self._busy() from None
         channel = StdioChannel(self)
         self._channels.add(channel)
         return channel
 
-    def _busy_message(self) -> str:
-        return f"all {self._config.max_processes} upstream processes are in use (upstream.stdio.max_processes)"
+    def _busy(self) -> UpstreamBusy:
+        return UpstreamBusy(
+            "upstream.stdio.max_processes",
+            f"all {self._config.max_processes} upstream processes are in use",
+            "retry later; legacy sessions release theirs when they end (DELETE) or expire",
+        )
 
     async def start(self) -> None:
         for _ in range(min(self._config.idle_processes, self._config.max_processes)):
@@ -505,7 +509,11 @@ class StdioUpstream(Upstream):
             async with asyncio.timeout(self._config.acquire_timeout_s):
                 await channel.lease.acquire()
         except TimeoutError:
-            raise UpstreamBusy("the upstream process that issued this requestState stayed busy") from None
+            raise UpstreamBusy(
+                "upstream.stdio.acquire_timeout_s",
+                "the upstream process that issued this requestState stayed busy",
+                "retry the same request later",
+            ) from None
         try:
             yield channel
         finally:
