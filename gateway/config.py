@@ -33,6 +33,9 @@ class ServerConfig(_Section):
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
     session_handshake_timeout_s: float = Field(default=30.0, gt=0)
     """A session that made no request after initialize is closed this soon (it holds a stdio process)."""
+    session_process_idle_s: float = Field(default=0.0, ge=0)
+    """An idle session's stdio process is stopped after this long (replayed handshake on its next
+    request); 0: never, the process lives as long as the session."""
     retry_after_s: int = Field(default=5, gt=0)
     """`Retry-After` of a 503 sent because a ceiling is reached."""
     exchange_capacity: int = Field(default=1024, gt=0)

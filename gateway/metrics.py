@@ -72,6 +72,12 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.sessions_parked = Counter(
+            "mcp_gateway_sessions_parked",
+            "Times an idle legacy session gave its stdio process back (session_process_idle_s); its next "
+            "request starts a process and replays the handshake",
+            registry=self.registry,
+        )
         self.tasks = Gauge(
             "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)", registry=self.registry
         )

@@ -54,6 +54,12 @@ class Session:
         self.get_stream: Exchange | None = None
         channel.set_unsolicited_handler(self.deliver_unsolicited)
 
+    @property
+    def parkable(self) -> bool:
+        """Nothing needs the upstream conversation as it is now: no hosted or pass-through task runs on
+        it and no server request or gateway-answered request waits (open streams are checked apart)."""
+        return not (self.running_tasks or self.pending_server_requests or self.response_routes or self.local_requests)
+
     def touch(self) -> None:
         self.last_seen = time.monotonic()
 
@@ -120,12 +126,14 @@ class SessionRegistry:
         idle_timeout_s: float,
         capacity: int,
         handshake_timeout_s: float,
+        process_idle_s: float = 0.0,
     ):
         self._upstream = upstream
         self._metrics = metrics
         self._max_sessions = max_sessions
         self._idle_timeout_s = idle_timeout_s
         self._handshake_timeout_s = handshake_timeout_s
+        self._process_idle_s = process_idle_s
         self._capacity = capacity
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -164,7 +172,10 @@ class SessionRegistry:
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
 
     async def _sweep(self) -> None:
-        interval = min(60.0, self._idle_timeout_s / 2, self._handshake_timeout_s / 2)
+        timeouts = [self._idle_timeout_s, self._handshake_timeout_s] + [self._process_idle_s] * (
+            self._process_idle_s > 0
+        )
+        interval = min(60.0, *(timeout / 2 for timeout in timeouts))
         while True:
             await asyncio.sleep(interval)
             await self.sweep_once()
@@ -177,14 +188,21 @@ class SessionRegistry:
             if not session.engaged and session.last_seen < now - self._handshake_timeout_s:
                 # Debug only: a flood of bare initialize calls must not flood the log as well.
                 log.debug("closing session that made no request after initialize", extra={"session": session.id})
-                reason = "handshake"
+                await self._expire(session, "handshake")
             elif session.last_seen < now - self._idle_timeout_s:
                 log.info("closing idle session", extra={"session": session.id})
-                reason = "idle"
-            else:
-                continue
-            self._metrics.sessions_expired.labels(reason=reason).inc()
-            await self.close(session.id)
+                await self._expire(session, "idle")
+            elif self._process_idle_s and session.parkable and session.last_seen < now - self._process_idle_s:
+                await self._park(session)
+
+    async def _expire(self, session: Session, reason: str) -> None:
+        self._metrics.sessions_expired.labels(reason=reason).inc()
+        await self.close(session.id)
+
+    async def _park(self, session: Session) -> None:
+        if await session.channel.park():
+            log.debug("idle session gave its upstream process back", extra={"session": session.id})
+            self._metrics.sessions_parked.inc()
 
     async def stop(self) -> None:
         if self._sweeper is not None:

@@ -166,6 +166,7 @@ class McpEndpoint:
         call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
 
         async def session_channel() -> UpstreamChannel:
+            await session.channel.resume()  # a parked session takes a process back (or gets 503)
             return session.channel
 
         session.open_streams += 1

@@ -116,6 +116,11 @@ class StdioProcess:
     def alive(self) -> bool:
         return self._proc is not None and not self.exited.is_set()
 
+    @property
+    def busy(self) -> bool:
+        """A request is waiting for its response."""
+        return bool(self._routes)
+
     async def start(self) -> None:
         """Spawn the command. One that cannot be started leaves the process not alive, `exit_cause` set."""
         env = {**os.environ, **self._config.env}
@@ -362,6 +367,8 @@ class StdioChannel(UpstreamChannel):
         self._handshake: list[Message] = []
         self._unsolicited: UnsolicitedHandler | None = None
         self._closed = False
+        self._parked = False
+        """The process was stopped and its slot given back while the session idles (see `park`)."""
         self.lease = asyncio.Lock()
         """Held by the one stateless request using this channel."""
 
@@ -372,10 +379,29 @@ class StdioChannel(UpstreamChannel):
     async def ensure_started(self) -> None:
         await self._live_process()
 
+    async def resume(self) -> None:
+        if self._parked:
+            await self._live_process()
+
+    async def park(self) -> bool:
+        async with self._spawn_lock:
+            process = self._process
+            if self._closed or self._parked or (process is not None and process.busy):
+                return False
+            self._process = None
+            self._parked = True
+            self._upstream.release_slot()
+        if process is not None:
+            await process.stop()
+        return True
+
     async def _live_process(self) -> StdioProcess:
         async with self._spawn_lock:
             if self._process is not None and self._process.alive:
                 return self._process
+            if self._parked:
+                await self._upstream.take_slot(self._upstream.acquire_timeout_s)
+                self._parked = False
             process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
             process.channel = self
@@ -430,7 +456,7 @@ class StdioChannel(UpstreamChannel):
         if process is not None:
             await process.stop()
         if not self._probe:
-            self._upstream.forget(self)
+            self._upstream.forget(self, holds_slot=not self._parked)
 
 
 class StdioUpstream(Upstream):
@@ -451,12 +477,21 @@ class StdioUpstream(Upstream):
             self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
         )
 
-    def forget(self, channel: StdioChannel) -> None:
-        """Called once by a closing channel: its process slot is free again."""
+    @property
+    def acquire_timeout_s(self) -> float:
+        return self._config.acquire_timeout_s
+
+    def forget(self, channel: StdioChannel, *, holds_slot: bool) -> None:
+        """Called once by a closing channel: its process slot (unless parked) is free again."""
         self._channels.discard(channel)
+        if holds_slot:
+            self.release_slot()
+
+    def release_slot(self) -> None:
         self._slots.release()
 
-    async def _new_channel(self, wait_s: float) -> StdioChannel:
+    async def take_slot(self, wait_s: float) -> None:
+        """A process slot, waiting up to `wait_s` (idle pool processes are stopped first to make room)."""
         if self._slots.locked() and self._idle:
             await self._idle.pop().close()
         if self._slots.locked() and wait_s <= 0:
@@ -467,6 +502,9 @@ class StdioUpstream(Upstream):
                 await self._slots.acquire()
         except TimeoutError:
             raise self._busy() from None
+
+    async def _new_channel(self, wait_s: float) -> StdioChannel:
+        await self.take_slot(wait_s)
         channel = StdioChannel(self)
         self._channels.add(channel)
         return channel
