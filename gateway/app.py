@@ -101,10 +101,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     metrics.tasks.set_function(lambda: len(registry))
     ceilings = {
         "server.max_sessions": config.server.max_sessions,
-        "upstream.stdio.max_processes": config.upstream.stdio.max_processes,
         "tasks.max_tasks_total": config.tasks.max_tasks_total,
         "tasks.max_streams_total": config.tasks.max_streams_total,
     }
+    if isinstance(upstream, StdioUpstream):
+        ceilings["upstream.stdio.max_processes"] = config.upstream.stdio.max_processes
     for limit, value in ceilings.items():
         metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)

@@ -182,18 +182,23 @@ class SessionRegistry:
 
     async def sweep_once(self) -> None:
         now = time.monotonic()
+        ending: list[Awaitable[None]] = []
         for session in list(self._sessions.values()):
             if session.open_streams:
                 continue
             if not session.engaged and session.last_seen < now - self._handshake_timeout_s:
                 # Debug only: a flood of bare initialize calls must not flood the log as well.
                 log.debug("closing session that made no request after initialize", extra={"session": session.id})
-                await self._expire(session, "handshake")
+                ending.append(self._expire(session, "handshake"))
             elif session.last_seen < now - self._idle_timeout_s:
                 log.info("closing idle session", extra={"session": session.id})
-                await self._expire(session, "idle")
+                ending.append(self._expire(session, "idle"))
             elif self._process_idle_s and session.parkable and session.last_seen < now - self._process_idle_s:
-                await self._park(session)
+                ending.append(self._park(session))
+        # Together: stopping a process can take shutdown_timeout_s, and a flood ends many at once.
+        for failure in await asyncio.gather(*ending, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.error("ending a session failed", exc_info=failure)
 
     async def _expire(self, session: Session, reason: str) -> None:
         self._metrics.sessions_expired.labels(reason=reason).inc()

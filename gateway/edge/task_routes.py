@@ -224,8 +224,16 @@ class TaskRoutes:
             self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
             return self.hosted.modern_created(task, call.message["id"])
 
+        def room_for_task() -> bool:
+            try:
+                self.hosted.registry.check_room(call.caller.owner)
+            except TaskLimitReached:
+                return False
+            return True
+
         async def result_as_task(final: Message) -> Message:
-            if "result" not in final or input_required(final):
+            # Checked when the call came in; tasks made since may have filled the room: answer as is.
+            if "result" not in final or input_required(final) or not room_for_task():
                 return final
             task = await adopt(observed)
             await self.hosted.finish(task, call.caller, final)
@@ -236,13 +244,6 @@ class TaskRoutes:
             return (method != "notifications/progress" or client_progress) and (
                 method != "notifications/message" or client_logs
             )
-
-        def room_for_task() -> bool:
-            try:
-                self.hosted.registry.check_room(call.caller.owner)
-            except TaskLimitReached:
-                return False
-            return True
 
         handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked, room_for_task)
         return await relay(

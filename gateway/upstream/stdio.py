@@ -4,7 +4,8 @@ Process model: a legacy (handshake-era) client session gets a process of its own
 handshake binds a stdio process to one client. Modern (2026-07-28) requests carry everything in their
 `_meta` envelope, so they share a pool of processes, each leased to one request at a time; that keeps
 `notifications/message`, which carries no request id on stdio, attributable to its request. The total
-number of processes is capped by `max_processes`.
+number of processes is capped by `max_processes`, of which sessions may hold all but `idle_processes`
+(so the pool always serves); an idle session may give its process back (`park`) until its next request.
 
 On one process several exchanges may be in flight, so ids are rewritten: each upstream request gets a
 gateway-chosen integer id, which is also its progress token, and responses, progress notifications and
@@ -359,9 +360,11 @@ class StdioChannel(UpstreamChannel):
     respawned process, so the client's session survives an upstream crash.
     """
 
-    def __init__(self, upstream: StdioUpstream, *, probe: bool = False) -> None:
+    def __init__(self, upstream: StdioUpstream, *, probe: bool = False, session: bool = False) -> None:
         self._upstream = upstream
         self._probe = probe
+        self.session = session
+        """A legacy session's conversation (not the pool's): its slot counts in the sessions' share."""
         self._process: StdioProcess | None = None
         self._spawn_lock = asyncio.Lock()
         self._handshake: list[Message] = []
@@ -390,7 +393,7 @@ class StdioChannel(UpstreamChannel):
                 return False
             self._process = None
             self._parked = True
-            self._upstream.release_slot()
+            self._upstream.release_slot(session=True)
         if process is not None:
             await process.stop()
         return True
@@ -400,7 +403,7 @@ class StdioChannel(UpstreamChannel):
             if self._process is not None and self._process.alive:
                 return self._process
             if self._parked:
-                await self._upstream.take_slot(self._upstream.acquire_timeout_s)
+                await self._upstream.take_slot(self._upstream.acquire_timeout_s, session=True)
                 self._parked = False
             process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
@@ -468,6 +471,10 @@ class StdioUpstream(Upstream):
         self._metrics = metrics
         self._capacity = exchange_capacity
         self._slots = asyncio.Semaphore(config.max_processes)
+        self._session_share = config.max_processes - min(config.idle_processes, config.max_processes - 1)
+        """Slots legacy sessions may hold: the other `idle_processes` are kept for 2026-07-28 requests,
+        so however many sessions are opened, the pool can always serve."""
+        self._session_slots = 0
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
@@ -485,13 +492,23 @@ class StdioUpstream(Upstream):
         """Called once by a closing channel: its process slot (unless parked) is free again."""
         self._channels.discard(channel)
         if holds_slot:
-            self.release_slot()
+            self.release_slot(session=channel.session)
 
-    def release_slot(self) -> None:
+    def release_slot(self, *, session: bool) -> None:
         self._slots.release()
+        if session:
+            self._session_slots -= 1
 
-    async def take_slot(self, wait_s: float) -> None:
-        """A process slot, waiting up to `wait_s` (idle pool processes are stopped first to make room)."""
+    async def take_slot(self, wait_s: float, *, session: bool) -> None:
+        """A process slot, waiting up to `wait_s` (idle pool processes are stopped first to make room);
+        a session's slot only within the sessions' share, at once or not at all."""
+        if session and self._session_slots >= self._session_share:
+            raise UpstreamBusy(
+                "upstream.stdio.max_processes",
+                f"legacy sessions hold all {self._session_share} upstream processes they may use (the other "
+                f"{self._config.max_processes - self._session_share} serve 2026-07-28 requests: idle_processes)",
+                "retry later; sessions release theirs when they end (DELETE) or expire",
+            )
         if self._slots.locked() and self._idle:
             await self._idle.pop().close()
         if self._slots.locked() and wait_s <= 0:
@@ -502,10 +519,12 @@ class StdioUpstream(Upstream):
                 await self._slots.acquire()
         except TimeoutError:
             raise self._busy() from None
+        if session:
+            self._session_slots += 1
 
-    async def _new_channel(self, wait_s: float) -> StdioChannel:
-        await self.take_slot(wait_s)
-        channel = StdioChannel(self)
+    async def _new_channel(self, wait_s: float, *, session: bool = False) -> StdioChannel:
+        await self.take_slot(wait_s, session=session)
+        channel = StdioChannel(self, session=session)
         self._channels.add(channel)
         return channel
 
@@ -523,7 +542,7 @@ class StdioUpstream(Upstream):
             self._idle.append(channel)
 
     async def open_session(self) -> UpstreamChannel:
-        return await self._new_channel(0)
+        return await self._new_channel(0, session=True)
 
     @asynccontextmanager
     async def probe_session(self) -> AsyncIterator[UpstreamChannel]:
