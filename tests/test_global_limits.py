@@ -159,8 +159,9 @@ async def test_bare_initialize_flood_does_not_starve_modern_requests(http: aioht
     """40 bare initialize calls: 2026-07-28 calls made meanwhile succeed (sessions cannot take the
     processes kept for them), the bare sessions are closed after the handshake timeout and their
     processes stopped, while a session that made a request lives on."""
-    server = "session_handshake_timeout_s = 1.0"
-    stdio = "max_processes = 6\nidle_processes = 1\nacquire_timeout_s = 5"
+    server = "session_handshake_timeout_s = 3.0"
+    # A short wait for a process: a 2026-07-28 call must not depend on a bare session expiring.
+    stdio = "max_processes = 6\nidle_processes = 1\nacquire_timeout_s = 0.5"
     async with (
         asyncio.timeout(TEST_TIMEOUT),
         start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config(server, stdio)) as gw,
@@ -171,6 +172,12 @@ async def test_bare_initialize_flood_does_not_starve_modern_requests(http: aioht
 
         bare = [Client(http, gw.url) for _ in range(40)]
         flood = asyncio.gather(*(bare_initialize(client) for client in bare))
+
+        async def sessions_full() -> bool:
+            async with http.get(f"{gw.base}/healthz") as response:
+                return (await response.json())["sessions"] >= 5  # the engaged one and 4 bare ones
+
+        await eventually(sessions_full, 10.0, "the bare sessions take every process they may")
         modern = Client(http, gw.url, MODERN)
         during = [await echo(modern, f"served {i}") for i in range(3)]
         replies = await flood
