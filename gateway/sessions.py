@@ -126,7 +126,7 @@ class SessionRegistry:
         idle_timeout_s: float,
         capacity: int,
         handshake_timeout_s: float,
-        process_idle_s: float = 0.0,
+        process_idle_s: float,
     ):
         self._upstream = upstream
         self._metrics = metrics
@@ -172,9 +172,9 @@ class SessionRegistry:
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
 
     async def _sweep(self) -> None:
-        timeouts = [self._idle_timeout_s, self._handshake_timeout_s] + [self._process_idle_s] * (
-            self._process_idle_s > 0
-        )
+        timeouts = [self._idle_timeout_s, self._handshake_timeout_s]
+        if self._process_idle_s:
+            timeouts.append(self._process_idle_s)
         interval = min(60.0, *(timeout / 2 for timeout in timeouts))
         while True:
             await asyncio.sleep(interval)

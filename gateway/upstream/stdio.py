@@ -393,7 +393,7 @@ class StdioChannel(UpstreamChannel):
                 return False
             self._process = None
             self._parked = True
-            self._upstream.release_slot(session=True)
+            self._upstream.release_slot(session=self.session)
         if process is not None:
             await process.stop()
         return True
@@ -403,7 +403,7 @@ class StdioChannel(UpstreamChannel):
             if self._process is not None and self._process.alive:
                 return self._process
             if self._parked:
-                await self._upstream.take_slot(self._upstream.acquire_timeout_s, session=True)
+                await self._upstream.take_slot(self._upstream.acquire_timeout_s, session=self.session)
                 self._parked = False
             process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
