@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,12 +26,14 @@ from aiohttp import web
 from gateway.edge.endpoint import error_response
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Overloaded
-from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, start_gateway
 from tests.wire import LEGACY, MODERN, Client, Reply
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 
 TEST_TIMEOUT = 60.0
+TASKS_SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "legacy_tasks_server.py")]
+"""An upstream that hosts 2025-11-25 Tasks itself (pass-through)."""
 RETRY_AFTER = 7
 
 
@@ -223,6 +226,11 @@ async def test_idle_session_gives_its_process_back_and_replays_the_handshake(htt
         await asyncio.sleep(1.5)
         assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
         get.close()
+        # So does a session a hosted task runs on, until the task ends.
+        created = await legacy_task(client, "slow_build", {"steps": 15, "delay": 0.1}, 60_000)
+        await asyncio.sleep(1.2)
+        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
+        await client.request("tasks/result", {"taskId": created.final["result"]["task"]["taskId"]})
 
         async def parked() -> bool:
             return await metric(gw, http, "mcp_gateway_sessions_parked_total") == 1 and not children(gw.proc.pid)
@@ -232,6 +240,25 @@ async def test_idle_session_gives_its_process_back_and_replays_the_handshake(htt
         assert "result" in second_pid, second_pid
         assert second_pid["result"] != first_pid["result"]  # a fresh process, after a replayed initialize
         assert len(children(gw.proc.pid)) == 1
+
+
+@ASYNC
+async def test_a_session_whose_upstream_task_runs_keeps_its_process(http: aiohttp.ClientSession) -> None:
+    """A pass-through task lives in the upstream process, which has long answered the tools/call: the
+    session must not give that process back before the task ends."""
+    server = "session_process_idle_s = 0.3"
+    async with (
+        asyncio.timeout(TEST_TIMEOUT),
+        start_gateway(upstream_cmd=TASKS_SERVER, config_text=config(server, "idle_processes = 0")) as gw,
+    ):
+        client = Client(http, gw.url)
+        await client.initialize()
+        created = await legacy_task(client, "slow_job", {"steps": 8, "delay": 0.2}, 60_000)
+        task_id = created.final["result"]["task"]["taskId"]
+        await asyncio.sleep(1.0)  # idle well past session_process_idle_s while the task runs upstream
+        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
+        result = (await client.request("tasks/result", {"taskId": task_id})).final
+        assert result["result"]["content"][0]["text"] == "done after 8 steps", result
 
 
 # -- tasks and streams ----------------------------------------------------------------------------------
