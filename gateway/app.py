@@ -91,7 +91,13 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     upstream = upstream or build_upstream(config, metrics, budget)
     sessions = SessionRegistry(
-        upstream, metrics, config.server.max_sessions, config.server.session_idle_timeout_s, budget
+        upstream,
+        metrics,
+        config.server.max_sessions,
+        config.server.session_idle_timeout_s,
+        budget,
+        config.server.session_handshake_timeout_s,
+        config.server.session_process_idle_s,
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
@@ -113,6 +119,17 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         budget,
         events_enabled=config.events.enabled,
     )
+    metrics.tasks.set_function(lambda: len(registry))
+    ceilings = {
+        "server.max_sessions": config.server.max_sessions,
+        "tasks.max_tasks_total": config.tasks.max_tasks_total,
+        "tasks.max_streams_total": config.tasks.max_streams_total,
+        "server.buffered_bytes_budget": config.server.buffered_bytes_budget,
+    }
+    if isinstance(upstream, StdioUpstream):
+        ceilings["upstream.stdio.max_processes"] = config.upstream.stdio.max_processes
+    for limit, value in ceilings.items():
+        metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
     readiness = Readiness(

@@ -12,13 +12,11 @@ This module does no I/O.
 from __future__ import annotations
 
 from gateway.metrics import Metrics
-from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import ProtocolError, RequestId
+from gateway.protocol.jsonrpc import Overloaded, RequestId
 
 MiB = 1024 * 1024
 
-RETRY_AFTER_S = 1
-"""What a refused client is told to wait: buffers drain as their clients read, or when slow ones are cut."""
+BUDGET_KEY = "server.buffered_bytes_budget"
 
 
 class BufferBudget:
@@ -42,19 +40,16 @@ class BufferBudget:
             metrics.buffered_bytes.set_function(lambda: self.held)
 
     def admit(self, request_id: RequestId | None) -> None:
-        """Refuse new streaming work (HTTP 503) while the held total is at or over the budget."""
+        """Refuse new streaming work while the held total is at or over the budget: `Overloaded` (HTTP
+        503 with Retry-After, counted by the edge like every other ceiling)."""
         if self.budget_bytes is None or self.held < self.budget_bytes:
             return
-        if self._metrics is not None:
-            self._metrics.buffer_refusals.inc()
-        raise ProtocolError(
-            jsonrpc.INTERNAL_ERROR,
-            f"Service Unavailable: the gateway holds {self.held} bytes for clients that have not read them yet, "
-            f"at or over its budget of {self.budget_bytes} (server.buffered_bytes_budget); "
-            f"retry after {RETRY_AFTER_S} s",
-            http_status=503,
+        raise Overloaded(
+            BUDGET_KEY,
+            f"the gateway holds {self.held} bytes for clients that have not read them yet, at or over its "
+            f"budget of {self.budget_bytes}",
+            "retry later: buffers drain as their clients read, or when slow ones are cut (server.write_timeout_s)",
             request_id=request_id,
-            retry_after_s=RETRY_AFTER_S,
         )
 
     def dropped(self, messages: int) -> None:

@@ -34,6 +34,13 @@ class ServerConfig(_Section):
     keepalive_s: float = Field(default=15.0, gt=0)
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
+    session_handshake_timeout_s: float = Field(default=30.0, gt=0)
+    """A session that made no request after initialize is closed this soon (it holds a stdio process)."""
+    session_process_idle_s: float = Field(default=0.0, ge=0)
+    """An idle session's stdio process is stopped after this long (replayed handshake on its next
+    request); 0: never, the process lives as long as the session."""
+    retry_after_s: int = Field(default=5, gt=0)
+    """`Retry-After` of every 503 sent because a ceiling or `buffered_bytes_budget` is reached."""
     exchange_capacity: int = Field(default=1024, gt=0)
     stream_buffer_bytes: int = Field(default=4 * MiB, gt=0)
     buffered_bytes_budget: int = Field(default=1024 * MiB, gt=0)
@@ -242,8 +249,10 @@ class TasksConfig(_Section):
     max_ttl_ms: int = Field(default=86_400_000, gt=0)
     poll_interval_ms: int = Field(default=1000, gt=0)
     max_tasks_per_owner: int = Field(default=1000, gt=0)
+    max_tasks_total: int = Field(default=10_000, gt=0)
     page_size: int = Field(default=50, gt=0)
     max_streams_per_task: int = Field(default=1000, gt=0)
+    max_streams_total: int = Field(default=1000, gt=0)
     stream_write_timeout_s: float = Field(default=30.0, gt=0)
     replay_batch: int = Field(default=256, gt=0)
     stream_flush_interval_ms: float = Field(default=20.0, ge=0)

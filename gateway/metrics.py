@@ -105,11 +105,6 @@ class Metrics:
             "Bytes of upstream messages queued for clients or being written to them, in every stream",
             registry=self.registry,
         )
-        self.buffer_refusals = Counter(
-            "mcp_gateway_buffer_refusals",
-            "Requests refused with 503 because buffered bytes were at server.buffered_bytes_budget",
-            registry=self.registry,
-        )
         self.messages_dropped = Counter(
             "mcp_gateway_messages_dropped",
             "Upstream messages discarded because the client of their request or GET stream went away or was "
@@ -122,6 +117,36 @@ class Metrics:
             registry=self.registry,
         )
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
+        self.sessions_expired = Counter(
+            "mcp_gateway_sessions_expired",
+            "Legacy sessions the gateway closed on its own, by reason: handshake (no request after "
+            "initialize within session_handshake_timeout_s), idle (session_idle_timeout_s)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.sessions_parked = Counter(
+            "mcp_gateway_sessions_parked",
+            "Times an idle legacy session gave its stdio process back (session_process_idle_s); its next "
+            "request starts a process and replays the handshake",
+            registry=self.registry,
+        )
+        self.tasks = Gauge(
+            "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)", registry=self.registry
+        )
+        self.task_streams = Gauge("mcp_gateway_task_streams", "Open tasks/stream requests", registry=self.registry)
+        self.rejected = Counter(
+            "mcp_gateway_rejected",
+            "Requests refused with 503 + Retry-After because a ceiling (or the buffered-bytes budget) was reached, "
+            "by its config key",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.limits = Gauge(
+            "mcp_gateway_limit",
+            "Configured ceilings, by config key: compare with the gauges of current use",
+            ["limit"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "mcp_gateway_request_seconds",
             "Time from receiving a client request to sending its response, by method",

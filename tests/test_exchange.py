@@ -7,10 +7,11 @@ import asyncio
 
 import pytest
 
-from gateway.buffers import BufferBudget
+from gateway.buffers import BUDGET_KEY, BufferBudget
+from gateway.edge.endpoint import error_response
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import ProtocolError
+from gateway.protocol.jsonrpc import Overloaded
 from gateway.upstream.base import (
     CLIENT_CANCEL_REASON,
     REQUEST_TIMEOUT,
@@ -248,12 +249,15 @@ async def test_the_budget_refuses_new_work_with_503_until_buffers_drain() -> Non
     exchange = Exchange(1, "tools/call", budget)
     budget.admit(7)
     await exchange.deliver(note(0), 600)
-    with pytest.raises(ProtocolError) as refused:
+    with pytest.raises(Overloaded) as refused:
         budget.admit(7)
     error = refused.value
-    assert (error.http_status, error.code, error.request_id, error.retry_after_s) == (503, -32603, 7, 1)
-    assert "server.buffered_bytes_budget" in error.message
-    assert metrics.registry.get_sample_value("mcp_gateway_buffer_refusals_total") == 1
+    assert (error.http_status, error.code, error.request_id, error.limit) == (503, -32603, 7, BUDGET_KEY)
+    assert error.data == {"reason": "overloaded", "limit": "server.buffered_bytes_budget"}
+    assert "(server.buffered_bytes_budget)" in error.message
+    # Rendered like every ceiling: 503 with the configured Retry-After ([server] retry_after_s).
+    response = error_response(error, retry_after_s=5)
+    assert (response.status, response.headers["Retry-After"]) == (503, "5")
     await exchange.deliver(RESPONSE, 10)
     await exchange.collect()
     budget.admit(8)

@@ -32,12 +32,14 @@ MiB = 1024 * 1024
 STREAM_BUFFER_BYTES = 4 * MiB
 LINE_LIMIT_BYTES = 4 * MiB
 WRITE_TIMEOUT_S = 3.0
+RETRY_AFTER_S = 2
 FLOOD = {"count": 200, "min_bytes": 1_000_000, "max_bytes": 3_000_000, "delay": 0.01}
 
 CONFIG = f"""
 [server]
 stream_buffer_bytes = {STREAM_BUFFER_BYTES}
 write_timeout_s = {WRITE_TIMEOUT_S}
+retry_after_s = {RETRY_AFTER_S}
 {{budget}}
 
 [upstream.stdio]
@@ -166,10 +168,13 @@ async def test_over_the_budget_new_work_gets_503_until_the_stuck_stream_is_cut(t
         async with stalled_post(gateway, slow, flood_call(slow, marker)):
             await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held >= MiB)
             refused = await other.request("tools/call", echo)
-            assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+            # The one overloaded shape: Retry-After from [server] retry_after_s, data naming the key.
+            assert refused.status == 503 and refused.headers["Retry-After"] == str(RETRY_AFTER_S)
             error = refused.final["error"]
-            assert error["code"] == -32603 and "buffered_bytes_budget" in error["message"]
-            assert await metric(http, gateway, "mcp_gateway_buffer_refusals_total") == 1
+            assert error["code"] == -32603 and "(server.buffered_bytes_budget)" in error["message"]
+            assert error["data"] == {"reason": "overloaded", "limit": "server.buffered_bytes_budget"}
+            refusals = 'mcp_gateway_rejected_total{limit="server.buffered_bytes_budget"}'
+            assert await metric(http, gateway, refusals) == 1
             await until_metric(http, gateway, "mcp_gateway_slow_clients_total", lambda cut: cut == 1)
         # Cut and cancelled: its bytes are freed and new work is served again.
         await until_metric(http, gateway, "mcp_gateway_buffered_bytes", lambda held: held < MiB)

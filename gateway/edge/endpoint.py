@@ -32,13 +32,12 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
 from gateway.protocol.fields import check_fields
-from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
-from gateway.sessions import ResponseRoute, Session, SessionLimitReached, SessionRegistry
+from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
+from gateway.sessions import ResponseRoute, Session, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
 from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
 from gateway.tasks.registry import ANONYMOUS
 from gateway.upstream.base import Upstream, UpstreamChannel
-from gateway.upstream.stdio import UpstreamBusy
 
 log = logging.getLogger("gateway.edge")
 
@@ -58,15 +57,16 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def error_response(error: ProtocolError, era: Era | None = None) -> web.Response:
-    """Transport errors keep their status; a method-level error (plain 400) takes the era's mapping."""
+def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_s: int) -> web.Response:
+    """Transport errors keep their status; a method-level error (plain 400) takes the era's mapping.
+    An overload (503, both eras) says when to come back."""
     message = error.to_message()
     status = error.http_status
     if era is not None and status == 400:
         status = era.status_for_response(message)
     headers = {"Allow": "POST"} if status == 405 else {}
-    if error.retry_after_s is not None:
-        headers["Retry-After"] = str(error.retry_after_s)
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(retry_after_s)
     return json_response(message, status, headers)
 
 
@@ -115,7 +115,12 @@ class McpEndpoint:
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
             self._rejections.refused(error, request.remote)
-            return error_response(error)
+            return self._error_response(error)
+
+    def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
+        if isinstance(error, Overloaded):
+            self._metrics.rejected.labels(limit=error.limit).inc()
+        return error_response(error, era, retry_after_s=self._config.retry_after_s)
 
     # -- POST ------------------------------------------------------------------------------------
 
@@ -151,6 +156,8 @@ class McpEndpoint:
         if kind is Kind.REQUEST and message["method"] == "initialize":
             return await self._initialize(request, message, headers)
         session = await self._session_for(request)
+        if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
+            session.engaged = True
         if kind is Kind.NOTIFICATION:
             if not self._cancel_local(session, message):
                 await session.channel.notify(message, headers)
@@ -170,6 +177,7 @@ class McpEndpoint:
 
         async def session_channel() -> UpstreamChannel:
             self._budget.admit(message["id"])
+            await session.channel.resume()  # a parked session takes a process back (or gets 503)
             return session.channel
 
         session.open_streams += 1
@@ -192,10 +200,10 @@ class McpEndpoint:
     async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
         try:
             session = await self._sessions.create()
-        except (SessionLimitReached, UpstreamBusy) as exc:
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
-            ) from None
+        except Overloaded as error:
+            error.request_id = message["id"]
+            raise
+        session.open_streams += 1  # the handshake timeout runs once initialize has been answered
         exchange = await session.channel.request(message, headers)
         try:
             async with asyncio.timeout(self._config.initialize_timeout_s):
@@ -213,6 +221,9 @@ class McpEndpoint:
             exchange.detach()
             await self._sessions.close(session.id)
             raise
+        finally:
+            session.open_streams -= 1
+            session.touch()
         final = messages.pop()
         self._metrics.requests.labels(method="initialize", outcome="error" if "error" in final else "ok").inc()
         if "error" in final or not isinstance(final.get("result"), dict):
@@ -267,10 +278,9 @@ class McpEndpoint:
         try:
             hosting = not await self._modern_upstream_has_tasks()
             return await self._dispatch(call, lease, hosting=hosting)
-        except UpstreamBusy as exc:
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
-            ) from None
+        except Overloaded as error:  # the upstream probe found no process free
+            error.request_id = message["id"]
+            raise
         finally:
             if not call.resources_kept:
                 await call.resources.aclose()
@@ -299,7 +309,7 @@ class McpEndpoint:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
-            return error_response(error, call.era)
+            return self._error_response(error, call.era)
 
     async def _with_upstream_tasks(self, call: Call, channel_source: ChannelSource) -> web.StreamResponse:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
@@ -480,6 +490,7 @@ class McpEndpoint:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
+        session.engaged = True
         session.open_streams += 1
         responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         try:

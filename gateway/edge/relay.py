@@ -10,6 +10,7 @@ gateway-hosted task: the handoff answers the client and takes the exchange over.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class Handoff:
     """Gets the notifications seen so far; creates the task, takes the exchange, returns the answer."""
     forward: Callable[[Message], bool] = field(default=lambda message: True)
     """Which notifications the client asked for and may see live before the handoff."""
+    possible: Callable[[], bool] = field(default=lambda: True)
+    """Whether a task can be made at the deadline; if not, the call carries on as a plain call."""
     taken: bool = False
 
 
@@ -86,6 +89,8 @@ async def relay(
             if batch:
                 await _send(batch, responder, session, handoff, answer_route)
                 pacer.wrote()
+            elif handoff is not None and time.monotonic() >= handoff.deadline and not handoff.possible():
+                handoff.deadline = math.inf  # no room for a task (a ceiling): the client gets the answer
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
                 answer = await handoff.take_over(observed or [])

@@ -42,7 +42,6 @@ class ProtocolError(Exception):
         http_status: int = 400,
         data: Any = None,
         request_id: RequestId | None = None,
-        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -50,11 +49,27 @@ class ProtocolError(Exception):
         self.http_status = http_status
         self.data = data
         self.request_id = request_id
-        self.retry_after_s = retry_after_s
-        """Sent as `Retry-After` (with a 503): when the refused request may succeed."""
 
     def to_message(self) -> Message:
         return error_response(self.request_id, self.code, self.message, self.data)
+
+
+class Overloaded(ProtocolError):
+    """A ceiling (or the buffered-bytes budget) is reached: HTTP 503 in both eras, the one shape of
+    "overloaded" (the edge adds `Retry-After: [server] retry_after_s` and counts it).
+
+    `limit` is the config key of the ceiling, also `data.limit` and the `limit` label of
+    `mcp_gateway_rejected_total`; `what` says what is full and `remedy` what the caller can do."""
+
+    def __init__(self, limit: str, what: str, remedy: str, *, request_id: RequestId | None = None) -> None:
+        super().__init__(
+            INTERNAL_ERROR,
+            f"Service Unavailable: {what} ({limit}); {remedy}",
+            http_status=503,
+            data={"reason": "overloaded", "limit": limit},
+            request_id=request_id,
+        )
+        self.limit = limit
 
 
 def error_response(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:

@@ -204,7 +204,12 @@ class Task:
 
 
 class TaskLimitReached(Exception):
-    pass
+    """No task can be created: the caller holds `max_tasks_per_owner`, or (`total`) the gateway holds
+    `max_tasks_total`."""
+
+    def __init__(self, message: str, *, total: bool) -> None:
+        super().__init__(message)
+        self.total = total
 
 
 class TaskRegistry:
@@ -247,8 +252,7 @@ class TaskRegistry:
         **created: Any,
     ) -> Task:
         """A new task (id minted here unless the upstream's namespaced `task_id` is given) and its log."""
-        if self._per_owner[owner] >= self._config.max_tasks_per_owner:
-            raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks")
+        self.check_room(owner)
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
             ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
@@ -260,6 +264,13 @@ class TaskRegistry:
         await self.log.create(task.id)
         await self.record(task, self.capture.lifecycle("task.created", tool=tool, status=task.status.value, **created))
         return task
+
+    def check_room(self, owner: str) -> None:
+        """Raise TaskLimitReached unless `owner` may create one more task."""
+        if len(self._tasks) >= self._config.max_tasks_total:
+            raise TaskLimitReached(f"the gateway holds its maximum of {self._config.max_tasks_total} tasks", total=True)
+        if self._per_owner[owner] >= self._config.max_tasks_per_owner:
+            raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks", total=False)
 
     def get(self, owner: str, task_id: object) -> Task | None:
         """The caller's task, or None: unknown and foreign ids look the same."""

@@ -305,6 +305,16 @@ class UpstreamChannel(ABC):
     async def close(self) -> None:
         """End the conversation: in-flight exchanges fail, the upstream session or process ends."""
 
+    async def park(self) -> bool:
+        """Give back what an idle conversation holds (a stdio process) until its next request, which
+        re-establishes it by replaying the handshake; the upstream loses its in-memory state of the
+        conversation. False when there is nothing to give back, or a request is in flight."""
+        return False
+
+    async def resume(self) -> None:
+        """Take back what `park` gave back, before a request; raises `Overloaded` when it cannot."""
+        return None
+
 
 class Upstream(ABC):
     """The upstream server: hands out channels per client session (legacy) or per request (modern)."""

@@ -4,7 +4,8 @@ Process model: a legacy (handshake-era) client session gets a process of its own
 handshake binds a stdio process to one client. Modern (2026-07-28) requests carry everything in their
 `_meta` envelope, so they share a pool of processes, each leased to one request at a time; that keeps
 `notifications/message`, which carries no request id on stdio, attributable to its request. The total
-number of processes is capped by `max_processes`.
+number of processes is capped by `max_processes`, of which sessions may hold all but `idle_processes`
+(so the pool always serves); an idle session may give its process back (`park`) until its next request.
 
 On one process several exchanges may be in flight, so ids are rewritten: each upstream request gets a
 gateway-chosen integer id, which is also its progress token, and responses, progress notifications and
@@ -38,7 +39,7 @@ from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
     Exchange,
@@ -78,8 +79,8 @@ _REQUEST_SCOPED = frozenset(
 )
 
 
-class UpstreamBusy(Exception):
-    """No upstream process could be had within the limit; the edge answers 503."""
+class UpstreamBusy(Overloaded):
+    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
@@ -439,14 +440,18 @@ class StdioChannel(UpstreamChannel):
     respawned process, so the client's session survives an upstream crash.
     """
 
-    def __init__(self, upstream: StdioUpstream, *, probe: bool = False) -> None:
+    def __init__(self, upstream: StdioUpstream, *, probe: bool = False, session: bool = False) -> None:
         self._upstream = upstream
         self._probe = probe
+        self.session = session
+        """A legacy session's conversation (not the pool's): its slot counts in the sessions' share."""
         self._process: StdioProcess | None = None
         self._spawn_lock = asyncio.Lock()
         self._handshake: list[Message] = []
         self._unsolicited: UnsolicitedHandler | None = None
         self._closed = False
+        self._parked = False
+        """The process was stopped and its slot given back while the session idles (see `park`)."""
         self.lease = asyncio.Lock()
         """Held by the one stateless request using this channel."""
 
@@ -457,10 +462,29 @@ class StdioChannel(UpstreamChannel):
     async def ensure_started(self) -> None:
         await self._live_process()
 
+    async def resume(self) -> None:
+        if self._parked:
+            await self._live_process()
+
+    async def park(self) -> bool:
+        async with self._spawn_lock:
+            process = self._process
+            if self._closed or self._parked or (process is not None and process.in_flight):
+                return False
+            self._process = None
+            self._parked = True
+            self._upstream.release_slot(session=self.session)
+        if process is not None:
+            await process.stop()
+        return True
+
     async def _live_process(self) -> StdioProcess:
         async with self._spawn_lock:
             if self._process is not None and self._process.alive:
                 return self._process
+            if self._parked:
+                await self._upstream.take_slot(self._upstream.acquire_timeout_s, session=self.session)
+                self._parked = False
             process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
             process.channel = self
@@ -517,7 +541,7 @@ class StdioChannel(UpstreamChannel):
         if process is not None:
             await process.stop()
         if not self._probe:
-            self._upstream.forget(self)
+            self._upstream.forget(self, holds_slot=not self._parked)
 
 
 class StdioUpstream(Upstream):
@@ -537,6 +561,10 @@ class StdioUpstream(Upstream):
         self._budget = budget or BufferBudget()
         self._deadlines = deadlines
         self._slots = asyncio.Semaphore(config.max_processes)
+        self._session_share = config.max_processes - min(config.idle_processes, config.max_processes - 1)
+        """Slots legacy sessions may hold: the other `idle_processes` are kept for 2026-07-28 requests,
+        so however many sessions are opened, the pool can always serve."""
+        self._session_slots = 0
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
@@ -551,28 +579,56 @@ class StdioUpstream(Upstream):
             self._deadlines,
         )
 
-    def forget(self, channel: StdioChannel) -> None:
-        """Called once by a closing channel: its process slot is free again."""
-        self._channels.discard(channel)
-        self._slots.release()
+    @property
+    def acquire_timeout_s(self) -> float:
+        return self._config.acquire_timeout_s
 
-    async def _new_channel(self, wait_s: float) -> StdioChannel:
+    def forget(self, channel: StdioChannel, *, holds_slot: bool) -> None:
+        """Called once by a closing channel: its process slot (unless parked) is free again."""
+        self._channels.discard(channel)
+        if holds_slot:
+            self.release_slot(session=channel.session)
+
+    def release_slot(self, *, session: bool) -> None:
+        self._slots.release()
+        if session:
+            self._session_slots -= 1
+
+    async def take_slot(self, wait_s: float, *, session: bool) -> None:
+        """A process slot, waiting up to `wait_s` (idle pool processes are stopped first to make room);
+        a session's slot only within the sessions' share, at once or not at all."""
+        if session and self._session_slots >= self._session_share:
+            raise UpstreamBusy(
+                "upstream.stdio.max_processes",
+                f"legacy sessions hold all {self._session_share} upstream processes they may use (the other "
+                f"{self._config.max_processes - self._session_share} serve 2026-07-28 requests: idle_processes)",
+                "retry later; sessions release theirs when they end (DELETE) or expire",
+            )
         if self._slots.locked() and self._idle:
             await self._idle.pop().close()
         if self._slots.locked() and wait_s <= 0:
-            raise UpstreamBusy(self._busy_message())
+            raise self._busy()
         try:
             # An unlocked semaphore is acquired at once; only a full one needs the deadline.
             async with asyncio.timeout(wait_s if self._slots.locked() else None):
                 await self._slots.acquire()
         except TimeoutError:
-            raise UpstreamBusy(self._busy_message()) from None
-        channel = StdioChannel(self)
+            raise self._busy() from None
+        if session:
+            self._session_slots += 1
+
+    async def _new_channel(self, wait_s: float, *, session: bool = False) -> StdioChannel:
+        await self.take_slot(wait_s, session=session)
+        channel = StdioChannel(self, session=session)
         self._channels.add(channel)
         return channel
 
-    def _busy_message(self) -> str:
-        return f"all {self._config.max_processes} upstream processes are in use (upstream.stdio.max_processes)"
+    def _busy(self) -> UpstreamBusy:
+        return UpstreamBusy(
+            "upstream.stdio.max_processes",
+            f"all {self._config.max_processes} upstream processes are in use",
+            "retry later; legacy sessions release theirs when they end (DELETE) or expire",
+        )
 
     async def start(self) -> None:
         for _ in range(min(self._config.idle_processes, self._config.max_processes)):
@@ -581,7 +637,7 @@ class StdioUpstream(Upstream):
             self._idle.append(channel)
 
     async def open_session(self) -> UpstreamChannel:
-        return await self._new_channel(0)
+        return await self._new_channel(0, session=True)
 
     @asynccontextmanager
     async def probe_session(self) -> AsyncIterator[UpstreamChannel]:
@@ -605,7 +661,11 @@ class StdioUpstream(Upstream):
             async with asyncio.timeout(self._config.acquire_timeout_s):
                 await channel.lease.acquire()
         except TimeoutError:
-            raise UpstreamBusy("the upstream process that issued this requestState stayed busy") from None
+            raise UpstreamBusy(
+                "upstream.stdio.acquire_timeout_s",
+                "the upstream process that issued this requestState stayed busy",
+                "retry the same request later",
+            ) from None
         try:
             yield channel
         finally:
