@@ -13,10 +13,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.log import server_logger
 
 from gateway import __version__
+from gateway.buffers import BufferBudget
 from gateway.config import Config, parse_listen
+from gateway.deadlines import RequestDeadlines
 from gateway.edge.endpoint import McpEndpoint
+from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
 from gateway.edge.task_routes import TaskRoutes
 from gateway.events.capture import Capture
@@ -40,13 +44,13 @@ REGISTRY = web.AppKey("registry", TaskRegistry)
 """The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
 
 
-def build_upstream(config: Config, metrics: Metrics) -> Upstream:
+def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
     upstream = config.upstream
-    capacity = config.server.exchange_capacity
+    deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, capacity)
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines)
     if upstream.command:
-        return StdioUpstream(upstream.command, upstream.stdio, metrics, capacity)
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
@@ -79,23 +83,53 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
     metrics = Metrics()
-    upstream = upstream or build_upstream(config, metrics)
+    budget = BufferBudget(
+        stream_messages=config.server.exchange_capacity,
+        stream_bytes=config.server.stream_buffer_bytes,
+        budget_bytes=config.server.buffered_bytes_budget,
+        metrics=metrics,
+    )
+    upstream = upstream or build_upstream(config, metrics, budget)
     sessions = SessionRegistry(
         upstream,
         metrics,
         config.server.max_sessions,
         config.server.session_idle_timeout_s,
-        config.server.exchange_capacity,
+        budget,
+        config.server.session_handshake_timeout_s,
+        config.server.session_process_idle_s,
     )
     event_log = MemoryEventLog(config.retention.max_events_per_task)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    registry = TaskRegistry(config.tasks, config.retention, event_log, capture, record_events=config.events.enabled)
+    registry = TaskRegistry(
+        config.tasks, config.retention, event_log, capture, metrics, record_events=config.events.enabled
+    )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     endpoint = McpEndpoint(
-        config.server, upstream, sessions, task_routes, passthrough, metrics, events_enabled=config.events.enabled
+        config.server,
+        upstream,
+        sessions,
+        task_routes,
+        passthrough,
+        metrics,
+        rejections,
+        budget,
+        events_enabled=config.events.enabled,
     )
+    metrics.tasks.set_function(lambda: len(registry))
+    ceilings = {
+        "server.max_sessions": config.server.max_sessions,
+        "tasks.max_tasks_total": config.tasks.max_tasks_total,
+        "tasks.max_streams_total": config.tasks.max_streams_total,
+        "server.buffered_bytes_budget": config.server.buffered_bytes_budget,
+    }
+    if isinstance(upstream, StdioUpstream):
+        ceilings["upstream.stdio.max_processes"] = config.upstream.stdio.max_processes
+    for limit, value in ceilings.items():
+        metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
     readiness = Readiness(
@@ -128,7 +162,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     async def metrics_handler(_: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
+    # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
+    framing_errors = FramingErrors(rejections)
+
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        server_logger.addFilter(framing_errors)
         await upstream.start()
         sessions.start()
         registry.start()
@@ -143,6 +181,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await sessions.stop()
         await upstream.close()
         await event_log.close()
+        server_logger.removeFilter(framing_errors)
 
     app.router.add_route("*", config.server.path, endpoint.handle)
     app.router.add_get("/healthz", healthz)

@@ -6,6 +6,7 @@ typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import fnmatch
 import shlex
 import tomllib
 from pathlib import Path
@@ -28,10 +29,22 @@ class ServerConfig(_Section):
         default_factory=lambda: ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
     )
     max_body_bytes: int = Field(default=4 * MiB, gt=0)
+    # Capped well below the ~250 levels at which orjson cannot serialize a message and SDK servers drop it.
+    max_json_depth: int = Field(default=64, ge=8, le=128)
     keepalive_s: float = Field(default=15.0, gt=0)
     max_sessions: int = Field(default=1000, gt=0)
     session_idle_timeout_s: float = Field(default=1800.0, gt=0)
+    session_handshake_timeout_s: float = Field(default=30.0, gt=0)
+    """A session that made no request after initialize is closed this soon (it holds a stdio process)."""
+    session_process_idle_s: float = Field(default=0.0, ge=0)
+    """An idle session's stdio process is stopped after this long (replayed handshake on its next
+    request); 0: never, the process lives as long as the session."""
+    retry_after_s: int = Field(default=5, gt=0)
+    """`Retry-After` of every 503 sent because a ceiling or `buffered_bytes_budget` is reached."""
     exchange_capacity: int = Field(default=1024, gt=0)
+    stream_buffer_bytes: int = Field(default=4 * MiB, gt=0)
+    buffered_bytes_budget: int = Field(default=1024 * MiB, gt=0)
+    write_timeout_s: float = Field(default=30.0, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
 
@@ -83,6 +96,9 @@ class ReadinessConfig(_Section):
 class UpstreamConfig(_Section):
     url: str | None = None
     command: list[str] | None = None
+    request_timeout_s: float = Field(default=300.0, ge=0)
+    """How long the upstream may take to answer a forwarded request before the gateway answers it with
+    an error and cancels it upstream (0: no deadline). A `[[tasks.tools]]` entry may override it."""
     stdio: StdioConfig = Field(default_factory=StdioConfig)
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
@@ -130,6 +146,14 @@ class RetentionConfig(_Section):
     max_result_bytes: int = Field(default=4 * MiB, gt=0)
     """The largest task result (or error) a task record keeps, serialized; a larger one is replaced by
     an error that says so."""
+    results_budget_bytes: int = Field(default=256 * MiB, gt=0)
+    """The task results all task records keep together; the oldest are evicted to make room."""
+
+    @model_validator(mode="after")
+    def _result_fits_budget(self) -> RetentionConfig:
+        if self.max_result_bytes > self.results_budget_bytes:
+            raise ValueError("max_result_bytes must not exceed results_budget_bytes")
+        return self
 
 
 class CaptureRule(_Section):
@@ -176,16 +200,19 @@ MODERN_FOR_TASK_SUPPORT: dict[str, tuple[ModernTasks, ...]] = {
 
 
 class ToolTaskPolicy(_Section):
-    """How tools whose name matches `match` (a glob) become tasks, per era.
+    """How tools whose name matches `match` (a glob) become tasks, per era, and how long their calls may take.
 
-    The two keys describe one tool, so they must agree: a tool that is never a task, or must be one, is
-    that in both eras. Either key left out follows the other (`required` implies `required`)."""
+    The two task keys describe one tool, so they must agree: a tool that is never a task, or must be one,
+    is that in both eras. Either key left out follows the other (`required` implies `required`)."""
 
     match: str = "*"
     task_support: TaskSupport = "optional"
     modern: ModernTasks = "after_ms"
     after_ms: int = Field(default=1000, ge=0)
     input_window_ms: int = Field(default=500, ge=0)
+    request_timeout_s: float | None = Field(default=None, ge=0)
+    """The deadline of these tools' upstream calls, plain or as a task (0: none); None follows
+    `[upstream] request_timeout_s`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -212,19 +239,33 @@ class ToolTaskPolicy(_Section):
         return self
 
 
+UNMATCHED_TOOL = ToolTaskPolicy(task_support="forbidden")
+"""The policy of a tool no `[[tasks.tools]]` entry matches."""
+
+
 class TasksConfig(_Section):
     tools: list[ToolTaskPolicy] = Field(default_factory=lambda: [ToolTaskPolicy()])
     default_ttl_ms: int = Field(default=3_600_000, gt=0)
     max_ttl_ms: int = Field(default=86_400_000, gt=0)
     poll_interval_ms: int = Field(default=1000, gt=0)
     max_tasks_per_owner: int = Field(default=1000, gt=0)
+    max_tasks_total: int = Field(default=10_000, gt=0)
     page_size: int = Field(default=50, gt=0)
     max_streams_per_task: int = Field(default=1000, gt=0)
+    max_streams_total: int = Field(default=1000, gt=0)
     stream_write_timeout_s: float = Field(default=30.0, gt=0)
     replay_batch: int = Field(default=256, gt=0)
     stream_flush_interval_ms: float = Field(default=20.0, ge=0)
     upstream_poll_min_ms: int = Field(default=250, gt=0)
     upstream_poll_max_ms: int = Field(default=30_000, gt=0)
+
+    def policy_for(self, tool: object) -> ToolTaskPolicy:
+        """The first `tools` entry whose `match` fits the tool's name; a tool none fits is never a task."""
+        name = tool if isinstance(tool, str) else ""
+        for policy in self.tools:
+            if fnmatch.fnmatchcase(name, policy.match):
+                return policy
+        return UNMATCHED_TOOL
 
     @model_validator(mode="after")
     def _ttl_order(self) -> TasksConfig:
@@ -238,6 +279,7 @@ class TasksConfig(_Section):
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "human"] = "auto"
+    rejected_log_interval_s: float = Field(default=60.0, ge=0)
 
 
 class Config(_Section):

@@ -18,6 +18,15 @@ class Metrics:
             ["method", "outcome"],
             registry=self.registry,
         )
+        self.rejected_requests = Counter(
+            "mcp_gateway_rejected_requests",
+            "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP "
+            "parser), host, origin, content_type, accept, body_too_large, parse_error, invalid_request "
+            "(including too deep), invalid_params, header_mismatch, unsupported_version, not_found, "
+            "http_method, conflict, unavailable, upstream_timeout",
+            ["reason"],
+            registry=self.registry,
+        )
         self.notifications_forwarded = Counter(
             "mcp_gateway_notifications_forwarded",
             "Upstream notifications delivered to clients, by method",
@@ -63,8 +72,81 @@ class Metrics:
             "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
             registry=self.registry,
         )
+        self.kept_result_bytes = Gauge(
+            "mcp_gateway_kept_result_bytes",
+            "Bytes of task results (or errors) the task records keep, at most [retention] results_budget_bytes",
+            registry=self.registry,
+        )
+        self.results_dropped = Counter(
+            "mcp_gateway_results_dropped",
+            "Task results the gateway did not keep, by reason: result_too_large (over max_result_bytes), "
+            "result_evicted (the oldest, evicted to keep newer ones within results_budget_bytes)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.request_timeouts = Counter(
+            "mcp_gateway_request_timeouts",
+            "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
+            "each was answered with an error and cancelled upstream",
+            ["method"],
+            registry=self.registry,
+        )
+        self.upstream_oversized_lines = Counter(
+            "mcp_gateway_upstream_oversized_lines",
+            "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed "
+            "(a response whose request got an error instead), dropped (nothing to attribute it to: a notification, "
+            "a server request, or a response whose id was not found)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
+        self.buffered_bytes = Gauge(
+            "mcp_gateway_buffered_bytes",
+            "Bytes of upstream messages queued for clients or being written to them, in every stream",
+            registry=self.registry,
+        )
+        self.messages_dropped = Counter(
+            "mcp_gateway_messages_dropped",
+            "Upstream messages discarded because the client of their request or GET stream went away or was "
+            "cut (legacy calls run on without their client)",
+            registry=self.registry,
+        )
+        self.slow_clients = Counter(
+            "mcp_gateway_slow_clients",
+            "Client responses cut because one write did not complete within the write timeout",
+            registry=self.registry,
+        )
         self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
+        self.sessions_expired = Counter(
+            "mcp_gateway_sessions_expired",
+            "Legacy sessions the gateway closed on its own, by reason: handshake (no request after "
+            "initialize within session_handshake_timeout_s), idle (session_idle_timeout_s)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.sessions_parked = Counter(
+            "mcp_gateway_sessions_parked",
+            "Times an idle legacy session gave its stdio process back (session_process_idle_s); its next "
+            "request starts a process and replays the handshake",
+            registry=self.registry,
+        )
+        self.tasks = Gauge(
+            "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)", registry=self.registry
+        )
+        self.task_streams = Gauge("mcp_gateway_task_streams", "Open tasks/stream requests", registry=self.registry)
+        self.rejected = Counter(
+            "mcp_gateway_rejected",
+            "Requests refused with 503 + Retry-After because a ceiling (or the buffered-bytes budget) was reached, "
+            "by its config key",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.limits = Gauge(
+            "mcp_gateway_limit",
+            "Configured ceilings, by config key: compare with the gauges of current use",
+            ["limit"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "mcp_gateway_request_seconds",
             "Time from receiving a client request to sending its response, by method",
@@ -79,6 +161,9 @@ class Metrics:
         if child is None:
             child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
         child.inc()
+
+    def count_timeout(self, method: str) -> None:
+        self.request_timeouts.labels(method=method).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

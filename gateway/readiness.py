@@ -124,7 +124,7 @@ class Readiness:
             except TimeoutError:
                 await exchange.cancel()
                 return f"initialize not answered within {self._check_timeout_s:g} s"
-        return None if exchange.failure is None else f"initialize failed: {exchange.failure}"
+        return None if exchange.failure_detail is None else f"initialize failed: {exchange.failure_detail}"
 
     async def _run(self) -> None:
         delays = retry_delays(self._config.retry_initial_s, self._config.retry_max_s)
@@ -132,9 +132,9 @@ class Readiness:
             self._suspect.clear()
             try:
                 problem = await self.check()
-            except Exception as exc:  # a bug here must not stop readiness from being kept
+            except Exception:  # a bug here must not stop readiness from being kept
                 log.exception("the upstream check failed")
-                problem = f"the upstream check failed: {exc}"
+                problem = "the upstream check failed (the gateway's log has the cause)"
             self._record(problem)
             if problem is not None:
                 await asyncio.sleep(next(delays))

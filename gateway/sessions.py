@@ -2,7 +2,9 @@
 
 A session owns one upstream channel, the standalone GET stream's queue, and the ids of the
 server-to-client requests relayed to it (so the client's response POST can be checked and routed).
-Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper.
+Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper; so,
+much sooner, are sessions that made no request after their handshake (`session_handshake_timeout_s`),
+which would otherwise hold an upstream process each for the whole idle timeout.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from gateway.buffers import BufferBudget
 from gateway.metrics import Metrics
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.sessions")
@@ -28,11 +31,13 @@ _GET_STREAM_ID = "__get_stream__"
 
 
 class Session:
-    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, capacity: int) -> None:
+    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, budget: BufferBudget) -> None:
         self.id = session_id
         self.channel = channel
         self.last_seen = time.monotonic()
         self.open_streams = 0
+        self.engaged = False
+        """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
         self.pending_server_requests: set[RequestId] = set()
         self.upstream_has_tasks = False
         """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
@@ -46,9 +51,15 @@ class Session:
         """Responses the gateway takes itself, by request id: a hosted task's requests (`respond`)."""
         self._closing = False
         self._metrics = metrics
-        self._capacity = capacity
+        self._budget = budget
         self.get_stream: Exchange | None = None
         channel.set_unsolicited_handler(self.deliver_unsolicited)
+
+    @property
+    def parkable(self) -> bool:
+        """Nothing needs the upstream conversation as it is now: no hosted or pass-through task runs on
+        it and no server request or gateway-answered request waits (open streams are checked apart)."""
+        return not (self.running_tasks or self.pending_server_requests or self.response_routes or self.local_requests)
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
@@ -66,20 +77,21 @@ class Session:
         else:
             await self.channel.respond(message, headers)
 
-    async def deliver_unsolicited(self, message: Message) -> None:
+    async def deliver_unsolicited(self, message: Message, size: int = 0) -> None:
+        """To the GET stream; `size` is the message's size on the wire (0 for the gateway's own)."""
         stream = self.get_stream
         if stream is None:
             reason = "session_closed" if self._closing else "no_get_stream"
             self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason=reason).inc()
             return
         self.note_outgoing(message)
-        await stream.deliver(message)
+        await stream.deliver(message, size)
 
     def open_get_stream(self) -> Exchange | None:
         """The queue for a new GET stream, or None if one is already open (the caller answers 409)."""
         if self.get_stream is not None:
             return None
-        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._capacity)
+        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._budget)
         return self.get_stream
 
     def close_get_stream(self, stream: Exchange) -> None:
@@ -107,17 +119,24 @@ class Session:
             await self.channel.close()
 
 
-class SessionLimitReached(Exception):
-    pass
-
-
 class SessionRegistry:
-    def __init__(self, upstream: Upstream, metrics: Metrics, max_sessions: int, idle_timeout_s: float, capacity: int):
+    def __init__(
+        self,
+        upstream: Upstream,
+        metrics: Metrics,
+        max_sessions: int,
+        idle_timeout_s: float,
+        budget: BufferBudget,
+        handshake_timeout_s: float,
+        process_idle_s: float,
+    ):
         self._upstream = upstream
         self._metrics = metrics
         self._max_sessions = max_sessions
         self._idle_timeout_s = idle_timeout_s
-        self._capacity = capacity
+        self._handshake_timeout_s = handshake_timeout_s
+        self._process_idle_s = process_idle_s
+        self._budget = budget
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -126,9 +145,13 @@ class SessionRegistry:
 
     async def create(self) -> Session:
         if len(self._sessions) >= self._max_sessions:
-            raise SessionLimitReached(f"the gateway holds its maximum of {self._max_sessions} sessions")
+            raise Overloaded(
+                "server.max_sessions",
+                f"the gateway holds its maximum of {self._max_sessions} sessions",
+                "retry later; end sessions you no longer use with DELETE",
+            )
         channel = await self._upstream.open_session()
-        session = Session(secrets.token_hex(16), channel, self._metrics, self._capacity)
+        session = Session(secrets.token_hex(16), channel, self._metrics, self._budget)
         self._sessions[session.id] = session
         self._metrics.sessions.set(len(self._sessions))
         return session
@@ -151,14 +174,42 @@ class SessionRegistry:
         self._sweeper = asyncio.create_task(self._sweep(), name="session-sweeper")
 
     async def _sweep(self) -> None:
-        interval = min(60.0, self._idle_timeout_s / 2)
+        timeouts = [self._idle_timeout_s, self._handshake_timeout_s]
+        if self._process_idle_s:
+            timeouts.append(self._process_idle_s)
+        interval = min(60.0, *(timeout / 2 for timeout in timeouts))
         while True:
             await asyncio.sleep(interval)
-            cutoff = time.monotonic() - self._idle_timeout_s
-            idle = [s.id for s in self._sessions.values() if s.last_seen < cutoff and s.open_streams == 0]
-            for session_id in idle:
-                log.info("closing idle session", extra={"session": session_id})
-                await self.close(session_id)
+            await self.sweep_once()
+
+    async def sweep_once(self) -> None:
+        now = time.monotonic()
+        ending: list[Awaitable[None]] = []
+        for session in list(self._sessions.values()):
+            if session.open_streams:
+                continue
+            if not session.engaged and session.last_seen < now - self._handshake_timeout_s:
+                # Debug only: a flood of bare initialize calls must not flood the log as well.
+                log.debug("closing session that made no request after initialize", extra={"session": session.id})
+                ending.append(self._expire(session, "handshake"))
+            elif session.last_seen < now - self._idle_timeout_s:
+                log.info("closing idle session", extra={"session": session.id})
+                ending.append(self._expire(session, "idle"))
+            elif self._process_idle_s and session.parkable and session.last_seen < now - self._process_idle_s:
+                ending.append(self._park(session))
+        # Together: stopping a process can take shutdown_timeout_s, and a flood ends many at once.
+        for failure in await asyncio.gather(*ending, return_exceptions=True):
+            if isinstance(failure, Exception):
+                log.error("ending a session failed", exc_info=failure)
+
+    async def _expire(self, session: Session, reason: str) -> None:
+        self._metrics.sessions_expired.labels(reason=reason).inc()
+        await self.close(session.id)
+
+    async def _park(self, session: Session) -> None:
+        if await session.channel.park():
+            log.debug("idle session gave its upstream process back", extra={"session": session.id})
+            self._metrics.sessions_parked.inc()
 
     async def stop(self) -> None:
         if self._sweeper is not None:

@@ -7,7 +7,7 @@ do I/O or know about JSON-RPC.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024 * 1024
 
@@ -30,6 +30,8 @@ class SseEvent:
     event: str = "message"
     id: str | None = None
     retry: int | None = None
+    size: int = field(default=0, compare=False)
+    """Bytes of the event's lines on the wire (as received, before decoding)."""
 
 
 class SseError(ValueError):
@@ -51,6 +53,7 @@ class SseParser:
         self._pieces: list[bytes] = []
         self._line_bytes = 0
         self._data_bytes = 0
+        self._event_bytes = 0
         # A chunk that ended in CR: an LF opening the next chunk belongs to that same line ending.
         self._skip_lf = False
         self._first_line = True
@@ -86,6 +89,7 @@ class SseParser:
         tail = lines.pop()
         events: list[SseEvent] = []
         for line in lines:
+            self._event_bytes += len(line) + 1
             event = self._line(line.decode("utf-8", errors="replace"))
             if event is not None:
                 events.append(event)
@@ -129,7 +133,14 @@ class SseParser:
     def _dispatch(self) -> SseEvent | None:
         event = None
         if self._has_data or self._id is not None or self._retry is not None:
-            event = SseEvent(data="\n".join(self._data), event=self._event or "message", id=self._id, retry=self._retry)
+            event = SseEvent(
+                data="\n".join(self._data),
+                event=self._event or "message",
+                id=self._id,
+                retry=self._retry,
+                size=self._event_bytes,
+            )
+        self._event_bytes = 0
         self._data = []
         self._data_bytes = 0
         self._has_data = False

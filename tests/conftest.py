@@ -165,6 +165,13 @@ class RunningGateway:
     def output_text(self) -> str:
         return "\n".join(self.output)
 
+    def rss_bytes(self) -> int:
+        """The gateway process's resident memory now (VmRSS from /proc)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text(encoding="utf-8").splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS for pid {self.proc.pid}")
+
 
 async def _drain(
     stream: asyncio.StreamReader, sink: list[str], ready: asyncio.Event | None = None, needle: str = ""

@@ -77,7 +77,7 @@ class Unreachable(UpstreamChannel, Upstream):
 async def setup() -> tuple[Passthrough, Unreachable]:
     config = Config.model_validate({"tasks": {"upstream_poll_min_ms": 3_600_000, "upstream_poll_max_ms": 3_600_000}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    registry = TaskRegistry(config.tasks, config.retention, MemoryEventLog(1000), capture)
+    registry = TaskRegistry(config.tasks, config.retention, MemoryEventLog(1000), capture, Metrics())
     channel = Unreachable()
     passthrough = Passthrough(registry, channel, config.tasks, Metrics())
     channel.tap = passthrough.observe  # as the endpoint sets it on a conversation whose upstream has tasks

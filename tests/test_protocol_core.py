@@ -14,6 +14,7 @@ from gateway.events.stream import recorded_at
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value
 from gateway.protocol.era import Era
+from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, ProtocolError
 
 ENVELOPE = {
@@ -45,6 +46,50 @@ def test_parse_rejects_bad_messages_with_the_right_code(body: bytes, code: int) 
         jsonrpc.parse_message(body)
     assert info.value.code == code
     assert info.value.http_status == 400
+
+
+def nested(levels: int) -> object:
+    """Arrays nested `levels` deep: nested(1) is []."""
+    value: object = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [63, 64, 65, 200, 251, 1024, 1025, 5000])
+def test_parse_refuses_nesting_deeper_than_the_limit(depth: int) -> None:
+    # The message itself is one level: params two, params.x three.
+    raw = b'{"jsonrpc":"2.0","id":9,"method":"ping","params":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    if depth + 2 <= 64:
+        assert jsonrpc.parse_message(raw, 64)["id"] == 9
+        return
+    with pytest.raises(ProtocolError) as info:
+        jsonrpc.parse_message(raw, 64)
+    assert (info.value.code, info.value.http_status) == (jsonrpc.INVALID_REQUEST, 400)
+    assert "nested deeper than 64 levels" in info.value.message
+    assert info.value.request_id == (9 if depth < 1024 else None)
+
+
+@given(
+    st.recursive(
+        st.integers() | st.text(max_size=3),
+        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=2), children, max_size=3),
+        max_leaves=40,
+    ),
+    st.integers(min_value=1, max_value=12),
+)
+def test_depth_exceeds_agrees_with_a_recursive_definition(value: object, limit: int) -> None:
+    def depth(node: object) -> int:
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        return 0 if children is None else 1 + max((depth(child) for child in children), default=0)
+
+    assert jsonrpc.depth_exceeds(value, limit) == (depth(value) > limit)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[{" * 500
+    raw = jsonrpc.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"code": text, "x": nested(60)}})
+    assert jsonrpc.parse_message(raw, 64)["params"]["code"] == text
 
 
 def test_classify_tells_the_three_kinds_apart() -> None:
@@ -143,7 +188,24 @@ def test_task_methods_mirror_task_id_in_mcp_name() -> None:
 
 @pytest.mark.parametrize(
     ("host", "ok"),
-    [("127.0.0.1:8765", True), ("localhost:1", True), ("[::1]:80", True), ("evil.com:8765", False), (None, False)],
+    [
+        ("127.0.0.1:8765", True),
+        ("localhost:1", True),
+        ("[::1]:80", True),
+        ("127.0.0.1", True),  # no port: http's default, which `:*` allows
+        ("[::1]", True),
+        ("LOCALHOST:8765", True),  # host names compare case-insensitively
+        ("LocalHost", True),
+        ("evil.com:8765", False),
+        ("localhost.evil.com:8765", False),
+        ("localhost:*", False),
+        ("localhost:", False),
+        ("localhost:80x", False),
+        ("[::1", False),
+        ("[::1]x", False),
+        ("", False),
+        (None, False),
+    ],
 )
 def test_host_allow_list(host: str | None, ok: bool) -> None:
     allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -155,13 +217,36 @@ def test_host_allow_list(host: str | None, ok: bool) -> None:
         assert info.value.http_status == 421
 
 
+@pytest.mark.parametrize(
+    ("host", "entry", "ok"),
+    [
+        ("example.com", "example.com:80", True),
+        ("example.com:80", "example.com", True),
+        ("EXAMPLE.com", "example.COM", True),
+        ("example.com", "example.com:443", False),  # a Host without a port is taken as http
+        ("example.com:8080", "example.com", False),
+        ("anything:1", "*", True),
+    ],
+)
+def test_host_without_port_is_the_default_port(host: str, entry: str, ok: bool) -> None:
+    if ok:
+        checks.check_host(host, [entry])
+    else:
+        with pytest.raises(ProtocolError):
+            checks.check_host(host, [entry])
+
+
 def test_origin_absent_passes_foreign_is_403() -> None:
-    allowed = ["http://localhost:*"]
+    allowed = ["http://localhost:*", "https://app.example:443"]
     checks.check_origin(None, allowed)
     checks.check_origin("http://localhost:3000", allowed)
-    with pytest.raises(ProtocolError) as info:
-        checks.check_origin("http://localhost.evil.com:3000", allowed)
-    assert info.value.http_status == 403
+    checks.check_origin("http://localhost", allowed)  # browsers omit the default port
+    checks.check_origin("HTTP://LocalHost:3000", allowed)
+    checks.check_origin("https://app.example", allowed)
+    for origin in ("http://localhost.evil.com:3000", "https://localhost", "http://app.example", "null", ""):
+        with pytest.raises(ProtocolError) as info:
+            checks.check_origin(origin, allowed)
+        assert info.value.http_status == 403
 
 
 @pytest.mark.parametrize(
@@ -207,3 +292,38 @@ def test_recorded_at_keeps_order_and_is_within_half_a_millisecond(times: list[fl
     for t, text in zip(times, texts, strict=True):
         parsed = datetime.datetime.fromisoformat(text).timestamp()
         assert abs(parsed - t) <= 0.0005 + 1e-6, (t, text)
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"method": "tools/call", "params": {"name": "echo", "_meta": "x"}}, "params._meta"),
+        ({"method": "ping", "params": {"_meta": {"progressToken": [1]}}}, "params._meta.progressToken"),
+        ({"method": "ping", "params": {"_meta": {"progressToken": True}}}, "params._meta.progressToken"),
+        ({"method": "tools/call", "params": {"name": 5}}, "params.name"),
+        ({"method": "tools/call", "params": {"name": "echo", "arguments": [1]}}, "params.arguments"),
+        ({"method": "tools/call", "params": {"name": "echo", "task": 5}}, "params.task"),
+        ({"method": "tools/call", "params": {"name": "echo", "task": {"ttl": "1"}}}, "params.task.ttl"),
+        ({"method": "tasks/get", "params": {"taskId": 5}}, "params.taskId"),
+        ({"method": "tasks/list", "params": {"cursor": {}}}, "params.cursor"),
+        ({"method": "tasks/update", "params": {"taskId": "t", "inputResponses": []}}, "params.inputResponses"),
+        ({"method": "notifications/cancelled", "params": {"requestId": [1]}}, "params.requestId"),
+    ],
+)
+def test_fields_the_gateway_reads_must_have_their_type(message: dict[str, object], field: str) -> None:
+    request = {"jsonrpc": "2.0", "id": 4, **message}
+    with pytest.raises(ProtocolError) as info:
+        check_fields(request)
+    assert (info.value.code, info.value.http_status, info.value.request_id) == (jsonrpc.INVALID_PARAMS, 400, 4)
+    assert info.value.message.startswith(f"Invalid params: {field} must be "), info.value.message
+
+
+def test_absent_and_well_typed_fields_pass() -> None:
+    for params in (
+        {},
+        {"name": "echo", "arguments": {}, "task": {"ttl": 1.5}, "_meta": {"progressToken": 3}},
+        {"unknown": [[[]]], "_meta": {"vendor/x": None}},
+    ):
+        check_fields({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    check_fields({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "r"}})
+    check_fields({"jsonrpc": "2.0", "id": 1, "method": "vendor/anything", "params": {"name": 5, "taskId": []}})

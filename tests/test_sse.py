@@ -223,3 +223,12 @@ def test_any_chunking_yields_the_same_events(stream: tuple[bytes, list[SseEvent]
     chunks = [raw[start:end] for start, end in zip([0, *points], [*points, len(raw)], strict=True)]
     assert SseParser().feed(raw) == expected
     assert feed_all(SseParser(), chunks) == expected
+
+
+def test_events_carry_their_size_on_the_wire() -> None:
+    parser = SseParser()
+    raw = 'event: message\r\ndata: {"text": "é"}\r\n\r\n'.encode()
+    (event,) = parser.feed(raw[:9]) + parser.feed(raw[9:])
+    assert event.size == len(raw.replace(b"\r\n", b"\n"))
+    (second,) = parser.feed(b"data: x\n\n")
+    assert second.size == len(b"data: x\n\n")

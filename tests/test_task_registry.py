@@ -10,14 +10,17 @@ import pytest
 from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
+from gateway.metrics import Metrics
 from gateway.tasks.hosted import related_outcome
-from gateway.tasks.registry import TaskLimitReached, TaskRegistry, TaskStatus
+from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, TaskStatus
 
 
 def registry(record_events: bool = True, retention: dict[str, object] | None = None, **tasks: object) -> TaskRegistry:
     config = Config.model_validate({"tasks": tasks, "retention": retention or {}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    return TaskRegistry(config.tasks, config.retention, MemoryEventLog(100), capture, record_events=record_events)
+    return TaskRegistry(
+        config.tasks, config.retention, MemoryEventLog(100), capture, Metrics(), record_events=record_events
+    )
 
 
 async def test_a_task_is_visible_only_to_its_owner() -> None:
@@ -91,3 +94,76 @@ async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
     assert view["status"] == "completed" and view["error"] == error and "result" not in view
     events = await tasks.log.read(task.id, -1, 10)
     assert b"exceeded the gateway's cap of 100 bytes" in events[-1].body  # the terminal event says so too
+
+
+def text_result(chars: int) -> dict[str, object]:
+    return {"result": {"content": [{"type": "text", "text": "x" * chars}]}}
+
+
+def result_bytes(chars: int) -> int:
+    """What the record's copy of `text_result(chars)` costs: its JSON."""
+    return len(orjson.dumps(text_result(chars)))
+
+
+async def ended(tasks: TaskRegistry, chars: int, ttl_ms: int | None = None) -> Task:
+    task = await tasks.create("a", "t", ttl_ms)
+    await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(chars))
+    return task
+
+
+async def test_the_results_budget_evicts_the_oldest_kept_results_first_and_logs_it() -> None:
+    size = result_bytes(100)
+    tasks = registry(retention={"max_result_bytes": 2 * size, "results_budget_bytes": 3 * size})
+    first, second, third = [await ended(tasks, 100) for _ in range(3)]
+    assert tasks.kept_bytes == 3 * size
+    cancelled = await tasks.create("a", "t", None)
+    await tasks.set_status(cancelled, TaskStatus.CANCELLED)  # no outcome: nothing kept, nothing evicted
+    assert tasks.kept_bytes == 3 * size and first.outcome == text_result(100)
+
+    fourth = await ended(tasks, 100)
+    assert tasks.kept_bytes == 3 * size
+    assert second.outcome == third.outcome == fourth.outcome == text_result(100)
+    error = {
+        "code": -32603,
+        "message": f"the task's result ({size} bytes) was evicted: the gateway keeps at most {3 * size} bytes "
+        "of task results, and this was among the oldest",
+        "data": {"reason": "result_evicted", "size": size, "budget": 3 * size},
+    }
+    assert related_outcome(first, 3) == {"jsonrpc": "2.0", "id": 3, "error": error}  # what tasks/result answers
+    view = first.modern_view()
+    assert view["status"] == "completed" and view["error"] == error and "result" not in view
+    events = await tasks.log.read(first.id, -1, 10)
+    assert [orjson.loads(b"{" + event.body + b"}") for event in events[3:]] == [
+        {"type": "io.github.mcp-task-gateway.result.evicted", "payload": {"size": size, "budget": 3 * size}}
+    ]
+    assert len(await tasks.log.read(second.id, -1, 10)) == 3  # created, status, terminal: not evicted
+
+    # A larger result evicts as many of the oldest as it needs.
+    big = await ended(tasks, 200)
+    assert big.outcome == text_result(200)
+    assert [task.outcome == text_result(100) for task in (second, third, fourth)] == [False, False, True]
+    assert tasks.kept_bytes == size + result_bytes(200)
+
+
+async def test_an_expired_task_gives_its_kept_result_back_to_the_budget() -> None:
+    size = result_bytes(100)
+    tasks = registry(retention={"max_result_bytes": size, "results_budget_bytes": 2 * size})
+    short = await ended(tasks, 100, ttl_ms=50)
+    kept = await ended(tasks, 100)
+    await asyncio.sleep(0.1)
+    await tasks.sweep_once()
+    assert tasks.find(short.id) is None and tasks.kept_bytes == size
+    await ended(tasks, 100)
+    assert kept.outcome == text_result(100)  # room was made by the expiry, not by evicting it
+
+
+async def test_an_oversized_result_counts_only_its_small_error_against_the_budget() -> None:
+    tasks = registry(retention={"max_result_bytes": 100, "results_budget_bytes": 1000})
+    task = await ended(tasks, 5000)
+    assert task.outcome is not None and task.outcome["error"]["data"]["reason"] == "result_too_large"
+    assert tasks.kept_bytes == len(orjson.dumps(task.outcome)) < 1000
+
+
+def test_max_result_bytes_must_fit_the_budget() -> None:
+    with pytest.raises(ValueError, match="max_result_bytes must not exceed results_budget_bytes"):
+        Config.model_validate({"retention": {"max_result_bytes": 2000, "results_budget_bytes": 1000}})

@@ -20,22 +20,24 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
+from gateway.edge.rejections import Rejections
 from gateway.edge.relay import Transform, relay
-from gateway.edge.responder import Responder, json_response
+from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import Call, TaskRoutes
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
-from gateway.protocol.jsonrpc import Kind, Message, ProtocolError
-from gateway.sessions import ResponseRoute, Session, SessionLimitReached, SessionRegistry
+from gateway.protocol.fields import check_fields
+from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
+from gateway.sessions import ResponseRoute, Session, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
 from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
 from gateway.tasks.registry import ANONYMOUS
 from gateway.upstream.base import Upstream, UpstreamChannel
-from gateway.upstream.stdio import UpstreamBusy
 
 log = logging.getLogger("gateway.edge")
 
@@ -55,13 +57,17 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def error_response(error: ProtocolError, era: Era | None = None) -> web.Response:
-    """Transport errors keep their status; a method-level error (plain 400) takes the era's mapping."""
+def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_s: int) -> web.Response:
+    """Transport errors keep their status; a method-level error (plain 400) takes the era's mapping.
+    An overload (503, both eras) says when to come back."""
     message = error.to_message()
     status = error.http_status
     if era is not None and status == 400:
         status = era.status_for_response(message)
-    return json_response(message, status, {"Allow": "POST"} if status == 405 else None)
+    headers = {"Allow": "POST"} if status == 405 else {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(retry_after_s)
+    return json_response(message, status, headers)
 
 
 class McpEndpoint:
@@ -73,15 +79,19 @@ class McpEndpoint:
         task_routes: TaskRoutes,
         passthrough: Passthrough,
         metrics: Metrics,
+        rejections: Rejections,
+        budget: BufferBudget,
         *,
         events_enabled: bool,
     ) -> None:
         self._config = config
+        self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
         self._tasks = task_routes
         self._passthrough = passthrough
         self._metrics = metrics
+        self._rejections = rejections
         self._events_enabled = events_enabled
         self._modern_upstream_tasks: bool | None = None
         self._probe_lock = asyncio.Lock()
@@ -104,15 +114,23 @@ class McpEndpoint:
             return await self._delete(request)
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
-            return error_response(error)
+            self._rejections.refused(error, request.remote)
+            return self._error_response(error)
+
+    def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
+        if isinstance(error, Overloaded):
+            self._metrics.rejected.labels(limit=error.limit).inc()
+        return error_response(error, era, retry_after_s=self._config.retry_after_s)
 
     # -- POST ------------------------------------------------------------------------------------
 
     async def _post(self, request: web.Request, era: Era) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
-        message = jsonrpc.parse_message(await self._read_body(request))
+        message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         kind = jsonrpc.classify(message)
+        if kind is not Kind.RESPONSE:
+            check_fields(message)
         headers = forwardable_headers(request.headers)
         if era is Era.LEGACY:
             return await self._legacy_post(request, message, kind, headers)
@@ -138,6 +156,8 @@ class McpEndpoint:
         if kind is Kind.REQUEST and message["method"] == "initialize":
             return await self._initialize(request, message, headers)
         session = await self._session_for(request)
+        if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
+            session.engaged = True
         if kind is Kind.NOTIFICATION:
             if not self._cancel_local(session, message):
                 await session.channel.notify(message, headers)
@@ -156,6 +176,8 @@ class McpEndpoint:
         call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
 
         async def session_channel() -> UpstreamChannel:
+            self._budget.admit(message["id"])
+            await session.channel.resume()  # a parked session takes a process back (or gets 503)
             return session.channel
 
         session.open_streams += 1
@@ -178,10 +200,10 @@ class McpEndpoint:
     async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
         try:
             session = await self._sessions.create()
-        except (SessionLimitReached, UpstreamBusy) as exc:
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
-            ) from None
+        except Overloaded as error:
+            error.request_id = message["id"]
+            raise
+        session.open_streams += 1  # the handshake timeout runs once initialize has been answered
         exchange = await session.channel.request(message, headers)
         try:
             async with asyncio.timeout(self._config.initialize_timeout_s):
@@ -196,8 +218,12 @@ class McpEndpoint:
                 request_id=message["id"],
             ) from None
         except asyncio.CancelledError:
+            exchange.detach()
             await self._sessions.close(session.id)
             raise
+        finally:
+            session.open_streams -= 1
+            session.touch()
         final = messages.pop()
         self._metrics.requests.labels(method="initialize", outcome="error" if "error" in final else "ok").inc()
         if "error" in final or not isinstance(final.get("result"), dict):
@@ -241,6 +267,7 @@ class McpEndpoint:
             # Taken only by requests that reach the upstream, once: a tasks/stream served from the
             # log must not hold a pooled process for as long as it stays open.
             if not leased:
+                self._budget.admit(message["id"])
                 # The conversation that holds the state: an MRTR retry's requestState, a task's id.
                 params = jsonrpc.params_of(message)
                 state = params.get("taskId" if message["method"].startswith("tasks/") else "requestState")
@@ -251,10 +278,9 @@ class McpEndpoint:
         try:
             hosting = not await self._modern_upstream_has_tasks()
             return await self._dispatch(call, lease, hosting=hosting)
-        except UpstreamBusy as exc:
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR, f"Service Unavailable: {exc}", http_status=503, request_id=message["id"]
-            ) from None
+        except Overloaded as error:  # the upstream probe found no process free
+            error.request_id = message["id"]
+            raise
         finally:
             if not call.resources_kept:
                 await call.resources.aclose()
@@ -283,7 +309,7 @@ class McpEndpoint:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
-            return error_response(error, call.era)
+            return self._error_response(error, call.era)
 
     async def _with_upstream_tasks(self, call: Call, channel_source: ChannelSource) -> web.StreamResponse:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
@@ -371,7 +397,7 @@ class McpEndpoint:
         exchange = await channel.request(call.message, call.headers)
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
-        responder = Responder(call.request, self._metrics)
+        responder = Responder(call.request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         return await relay(
             exchange,
             responder,
@@ -458,22 +484,25 @@ class McpEndpoint:
     async def _get_stream(self, request: web.Request) -> web.StreamResponse:
         checks.check_accept_stream(request.headers.get("Accept"))
         session = await self._session_for(request)
+        self._budget.admit(None)
         stream = session.open_get_stream()
         if stream is None:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
+        session.engaged = True
         session.open_streams += 1
-        responder = Responder(request, self._metrics)
+        responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         try:
             await responder.keepalive()
             while (batch := await stream.next_batch(self._config.keepalive_s)) is not None:
                 await (responder.send(batch) if batch else responder.keepalive())
             assert responder.stream is not None
             await responder.stream.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionResetError, SlowClient):
             if responder.stream is None:
                 raise
+            responder.abandon()
         finally:
             session.close_get_stream(stream)
             session.open_streams -= 1

@@ -10,6 +10,7 @@ gateway-hosted task: the handoff answers the client and takes the exchange over.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class Handoff:
     """Gets the notifications seen so far; creates the task, takes the exchange, returns the answer."""
     forward: Callable[[Message], bool] = field(default=lambda message: True)
     """Which notifications the client asked for and may see live before the handoff."""
+    possible: Callable[[], bool] = field(default=lambda: True)
+    """Whether a task can be made at the deadline; if not, the call carries on as a plain call."""
     taken: bool = False
 
 
@@ -70,7 +73,7 @@ async def relay(
                 # Mid-burst: let the burst accumulate and write it once, instead of one small write
                 # (one syscall, one wake-up of the client) per notification.
                 await asyncio.sleep(pause)
-                batch.extend(await exchange.next_batch(0) or [])
+                batch.extend(exchange.more())
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
@@ -86,6 +89,8 @@ async def relay(
             if batch:
                 await _send(batch, responder, session, handoff, answer_route)
                 pacer.wrote()
+            elif handoff is not None and time.monotonic() >= handoff.deadline and not handoff.possible():
+                handoff.deadline = math.inf  # no room for a task (a ceiling): the client gets the answer
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
                 answer = await handoff.take_over(observed or [])
@@ -101,6 +106,8 @@ async def relay(
             raise
         return response
     finally:
+        if handoff is None or not handoff.taken:
+            exchange.detach()  # what it held no longer counts (a cut call's later messages are discarded)
         responder.close()
 
 

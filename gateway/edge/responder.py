@@ -67,6 +67,7 @@ class Responder:
             async with asyncio.timeout(self._write_timeout_s):
                 await stream.write(data)
         except TimeoutError:
+            self._metrics.slow_clients.inc()
             raise SlowClient from None
 
     async def send(self, messages: list[Message]) -> None:
@@ -87,9 +88,11 @@ class Responder:
         return self.stream
 
     def abandon(self) -> web.StreamResponse | None:
-        """The client is gone or too slow: drop the connection; nothing more will be written."""
+        """The client is gone or too slow: drop the connection; nothing more will be written.
+
+        Aborted, not closed: a closing transport keeps its unsent bytes until the client reads them."""
         if self.stream is not None and self._request.transport is not None:
-            self._request.transport.close()
+            self._request.transport.abort()
         return self.stream
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from gateway.events.stream import parse_stream_params, plan_stream, run_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import Era
-from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
 from gateway.sessions import Session
 from gateway.tasks.hosted import (
     LEGACY_TASK_METHODS,
@@ -40,7 +40,7 @@ from gateway.tasks.hosted import (
     wait_any,
 )
 from gateway.tasks.policy import Hosting, plan_tool_call
-from gateway.tasks.registry import PendingRequest, Task
+from gateway.tasks.registry import PendingRequest, Task, TaskLimitReached
 from gateway.upstream.base import UpstreamChannel
 
 
@@ -75,6 +75,8 @@ class TaskRoutes:
         self._server = server
         self._tasks = tasks
         self._metrics = metrics
+        self.open_streams = 0
+        """tasks/stream requests open on this gateway, bounded by `max_streams_total`."""
 
     def _responder(self, call: Call, *, write_timeout: bool = False) -> Responder:
         timeout = self._tasks.stream_write_timeout_s if write_timeout else None
@@ -167,6 +169,7 @@ class TaskRoutes:
         """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
         if self._plan(call) is None:
             return None
+        self.hosted.check_room(call.caller, call.message)
         session = call.session
         assert session is not None
         # The session's upstream channel must outlive the session while the task runs on it.
@@ -199,6 +202,8 @@ class TaskRoutes:
         hosting = self._plan(call)
         if hosting is None:
             return None
+        if hosting.result_is_task:
+            self.hosted.check_room(call.caller, call.message)
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
         upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
@@ -219,8 +224,16 @@ class TaskRoutes:
             self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
             return self.hosted.modern_created(task, call.message["id"])
 
+        def room_for_task() -> bool:
+            try:
+                self.hosted.registry.check_room(call.caller.owner)
+            except TaskLimitReached:
+                return False
+            return True
+
         async def result_as_task(final: Message) -> Message:
-            if "result" not in final or input_required(final):
+            # Checked when the call came in; tasks made since may have filled the room: answer as is.
+            if "result" not in final or input_required(final) or not room_for_task():
                 return final
             task = await adopt(observed)
             await self.hosted.finish(task, call.caller, final)
@@ -232,10 +245,10 @@ class TaskRoutes:
                 method != "notifications/message" or client_logs
             )
 
-        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked)
+        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked, room_for_task)
         return await relay(
             exchange,
-            self._responder(call),
+            Responder(call.request, self._metrics, write_timeout_s=self._server.write_timeout_s),
             call.era,
             self._metrics,
             self._server.keepalive_s,
@@ -276,11 +289,18 @@ class TaskRoutes:
             return await self._responder(call).finish(
                 {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}, call.era
             )
+        if self.open_streams >= self._tasks.max_streams_total:
+            raise Overloaded(
+                "tasks.max_streams_total",
+                f"the gateway holds its maximum of {self._tasks.max_streams_total} tasks/stream requests",
+                "retry later, resuming with `after`; close streams you no longer read",
+                request_id=request_id,
+            )
         if task.open_streams >= self._tasks.max_streams_per_task:
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR,
-                f"Service Unavailable: the task already has {task.open_streams} streams (max_streams_per_task)",
-                http_status=503,
+            raise Overloaded(
+                "tasks.max_streams_per_task",
+                f"the task already has {task.open_streams} streams",
+                "retry later, resuming with `after`; close streams of this task you no longer read",
                 request_id=request_id,
             )
         session = call.session
@@ -297,10 +317,14 @@ class TaskRoutes:
         if session is not None:
             session.local_requests[request_id] = stop
         task.open_streams += 1
+        self.open_streams += 1
+        self._metrics.task_streams.inc()
         try:
             return await self._run_stream(call, task, start.first_seq, stop)
         finally:
             task.open_streams -= 1
+            self.open_streams -= 1
+            self._metrics.task_streams.dec()
             if session is not None:
                 session.task_streams.discard(task.id)
                 session.local_requests.pop(request_id, None)

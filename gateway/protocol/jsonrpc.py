@@ -54,6 +54,24 @@ class ProtocolError(Exception):
         return error_response(self.request_id, self.code, self.message, self.data)
 
 
+class Overloaded(ProtocolError):
+    """A ceiling (or the buffered-bytes budget) is reached: HTTP 503 in both eras, the one shape of
+    "overloaded" (the edge adds `Retry-After: [server] retry_after_s` and counts it).
+
+    `limit` is the config key of the ceiling, also `data.limit` and the `limit` label of
+    `mcp_gateway_rejected_total`; `what` says what is full and `remedy` what the caller can do."""
+
+    def __init__(self, limit: str, what: str, remedy: str, *, request_id: RequestId | None = None) -> None:
+        super().__init__(
+            INTERNAL_ERROR,
+            f"Service Unavailable: {what} ({limit}); {remedy}",
+            http_status=503,
+            data={"reason": "overloaded", "limit": limit},
+            request_id=request_id,
+        )
+        self.limit = limit
+
+
 def error_response(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:
@@ -61,18 +79,51 @@ def error_response(request_id: RequestId | None, code: int, message: str, data: 
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
-def parse_message(body: bytes) -> Message:
-    """Parse one JSON-RPC message from bytes, or raise ProtocolError (-32700 / -32600)."""
+DEFAULT_MAX_DEPTH = 64
+
+
+def parse_message(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
+    """Parse one JSON-RPC message from bytes, or raise ProtocolError (-32700 / -32600).
+
+    Arrays and objects nested deeper than `max_depth` are refused (-32600): past a few hundred levels
+    orjson cannot serialize the message again and SDK servers drop it without an answer."""
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit"):  # orjson's own limit (1,024 levels), above any sane one
+            raise _too_deep(max_depth) from None
         raise ProtocolError(PARSE_ERROR, f"Parse error: body is not valid JSON ({exc})") from None
+    # Only a body with more brackets than the limit can nest deeper: most messages skip the walk.
+    if body.count(b"[") + body.count(b"{") > max_depth and depth_exceeds(value, max_depth):
+        raise _too_deep(max_depth, _safe_id(value) if isinstance(value, dict) else None)
     if isinstance(value, list):
         raise ProtocolError(INVALID_REQUEST, "Invalid request: JSON-RPC batches are not supported; send one message")
     if not isinstance(value, dict):
         raise ProtocolError(INVALID_REQUEST, "Invalid request: the body must be a JSON-RPC object")
     classify(value)
     return value
+
+
+def _too_deep(max_depth: int, request_id: RequestId | None = None) -> ProtocolError:
+    return ProtocolError(
+        INVALID_REQUEST,
+        f"Invalid request: arrays and objects nested deeper than {max_depth} levels (server.max_json_depth)",
+        request_id=request_id,
+    )
+
+
+def depth_exceeds(value: object, max_depth: int) -> bool:
+    """Whether arrays and objects in a parsed JSON value nest deeper than `max_depth` (iteratively)."""
+    # Level by level: each pass keeps the containers one level deeper (no per-node depth bookkeeping).
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(max_depth):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+    return bool(level)
 
 
 def classify(message: Message) -> Kind:

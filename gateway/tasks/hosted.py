@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import logging
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -33,7 +32,7 @@ from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, Era
-from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
 from gateway.tasks.registry import (
     InputListener,
     InputRound,
@@ -84,6 +83,14 @@ def missing_extension(request_id: RequestId | None, why: str = "") -> ProtocolEr
         data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
         request_id=request_id,
     )
+
+
+def task_limit_error(exc: TaskLimitReached, request_id: RequestId) -> ProtocolError:
+    """The gateway-wide ceiling is an overload (503, Retry-After); the per-caller one stays a plain error."""
+    if exc.total:
+        remedy = "retry later: tasks leave the count when their ttl runs out; ask for a shorter ttl"
+        return Overloaded("tasks.max_tasks_total", str(exc), remedy, request_id=request_id)
+    return ProtocolError(jsonrpc.INTERNAL_ERROR, f"Too many tasks: {exc}", request_id=request_id)
 
 
 def unknown_task(request_id: RequestId | None) -> ProtocolError:
@@ -150,11 +157,7 @@ class HostedTasks:
         return {**result, "capabilities": capabilities}
 
     def policy(self, tool: object) -> ToolTaskPolicy:
-        name = tool if isinstance(tool, str) else ""
-        for policy in self._config.tools:
-            if fnmatch.fnmatchcase(name, policy.match):
-                return policy
-        return ToolTaskPolicy(task_support="forbidden")
+        return self._config.policy_for(tool)
 
     def annotate_tools(self, result: dict[str, Any]) -> dict[str, Any]:
         """tools/list for legacy clients: each tool's execution.taskSupport from the policy."""
@@ -188,7 +191,14 @@ class HostedTasks:
         try:
             return await self.registry.create(caller.owner, str(params.get("name")), requested, era=caller.era.value)
         except TaskLimitReached as exc:
-            raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"Too many tasks: {exc}", request_id=message["id"]) from None
+            raise task_limit_error(exc, message["id"]) from None
+
+    def check_room(self, caller: Caller, message: Message) -> None:
+        """Refuse a call that must become a task before it starts, when no task can be created."""
+        try:
+            self.registry.check_room(caller.owner)
+        except TaskLimitReached as exc:
+            raise task_limit_error(exc, message["id"]) from None
 
     def run(
         self, task: Task, caller: Caller, call: UpstreamCall, exchange: Exchange, resources: AsyncExitStack

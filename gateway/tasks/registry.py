@@ -4,8 +4,9 @@ A task belongs to the caller that created it (`owner`), never to a transport ses
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
 that it exists. Status changes go through `set_status`, which records the lifecycle event in the
 task's log before anyone can observe the new status, and keeps a terminal outcome within
-`[retention] max_result_bytes`. Tasks are dropped when their TTL runs out; their
-event logs `terminal_retention_s` after they end (whichever comes first).
+`[retention] max_result_bytes`. All kept outcomes together stay within `results_budget_bytes`: the
+oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
+runs out; their event logs `terminal_retention_s` after they end (whichever comes first).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import orjson
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds
+from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
@@ -34,6 +36,8 @@ log = logging.getLogger("gateway.tasks")
 
 RESULT_TOO_LARGE = "result_too_large"
 """`data.reason` of the error kept instead of a result larger than `[retention] max_result_bytes`."""
+RESULT_EVICTED = "result_evicted"
+"""`data.reason` of the error kept instead of a result evicted to stay within `results_budget_bytes`."""
 
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
@@ -117,8 +121,9 @@ class Task:
     status_message: str | None = None
     created_at: str = field(default_factory=iso_now)
     last_updated_at: str = ""
-    outcome: Message | None = None
-    """The upstream's final JSON-RPC message for the call (a result or an error), once terminal."""
+    kept_outcome: bytes | None = None
+    """Once terminal, the upstream's final answer for the call as the JSON `{"result": …}` or
+    `{"error": …}`: kept encoded, so what the results budget counts is what it costs."""
     expires_at: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
@@ -148,6 +153,11 @@ class Task:
     def terminal(self) -> bool:
         return self.status.terminal
 
+    @property
+    def outcome(self) -> Message | None:
+        """The kept outcome (`{"result": …}` or `{"error": …}`), decoded afresh for each use."""
+        return None if self.kept_outcome is None else orjson.loads(self.kept_outcome)
+
     def settle_input(self) -> None:
         """The task ended: its pending requests will never be answered upstream."""
         for pending in self.pending_requests.values():
@@ -172,6 +182,7 @@ class Task:
     def modern_view(self) -> dict[str, Any]:
         """The 2026-07-28 (SEP-2663) DetailedTask: `inputRequests` while input_required (the outstanding
         ones), the outcome inlined once terminal."""
+        outcome = self.outcome
         view: dict[str, Any] = {
             "taskId": self.id,
             "status": self.status.value,
@@ -184,16 +195,21 @@ class Task:
             view["statusMessage"] = self.status_message
         if self.status is TaskStatus.INPUT_REQUIRED:
             view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
-        if self.outcome is not None and self.status is TaskStatus.COMPLETED and "result" in self.outcome:
-            view["result"] = self.outcome["result"]
-        if self.outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in self.outcome:
+        if outcome is not None and self.status is TaskStatus.COMPLETED and "result" in outcome:
+            view["result"] = outcome["result"]
+        if outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in outcome:
             # A failure, or a completed task whose result the gateway could not keep (it says why).
-            view["error"] = self.outcome["error"]
+            view["error"] = outcome["error"]
         return view
 
 
 class TaskLimitReached(Exception):
-    pass
+    """No task can be created: the caller holds `max_tasks_per_owner`, or (`total`) the gateway holds
+    `max_tasks_total`."""
+
+    def __init__(self, message: str, *, total: bool) -> None:
+        super().__init__(message)
+        self.total = total
 
 
 class TaskRegistry:
@@ -203,10 +219,12 @@ class TaskRegistry:
         retention: RetentionConfig,
         event_log: EventLog,
         capture: Capture,
+        metrics: Metrics,
         *,
         record_events: bool = True,
     ) -> None:
         self._config = config
+        self._metrics = metrics
         self._record_events = record_events
         self._retention = retention
         self.log = event_log
@@ -214,6 +232,10 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}
         self._per_owner: collections.Counter[str] = collections.Counter()
         self._log_expiry: dict[str, float] = {}
+        self._kept: collections.OrderedDict[str, int] = collections.OrderedDict()
+        """Tasks whose record keeps an outcome, in the order they ended, and each outcome's size (bytes)."""
+        self.kept_bytes = 0
+        """The bytes of every kept outcome together: at most `[retention] results_budget_bytes`."""
         self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -230,8 +252,7 @@ class TaskRegistry:
         **created: Any,
     ) -> Task:
         """A new task (id minted here unless the upstream's namespaced `task_id` is given) and its log."""
-        if self._per_owner[owner] >= self._config.max_tasks_per_owner:
-            raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks")
+        self.check_room(owner)
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
             ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
@@ -243,6 +264,13 @@ class TaskRegistry:
         await self.log.create(task.id)
         await self.record(task, self.capture.lifecycle("task.created", tool=tool, status=task.status.value, **created))
         return task
+
+    def check_room(self, owner: str) -> None:
+        """Raise TaskLimitReached unless `owner` may create one more task."""
+        if len(self._tasks) >= self._config.max_tasks_total:
+            raise TaskLimitReached(f"the gateway holds its maximum of {self._config.max_tasks_total} tasks", total=True)
+        if self._per_owner[owner] >= self._config.max_tasks_per_owner:
+            raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks", total=False)
 
     def get(self, owner: str, task_id: object) -> Task | None:
         """The caller's task, or None: unknown and foreign ids look the same."""
@@ -278,7 +306,7 @@ class TaskRegistry:
     ) -> bool:
         """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
         False when it is already terminal (terminal states never change). A terminal `outcome` is kept
-        within `max_result_bytes`."""
+        within `max_result_bytes` and, evicting the oldest kept outcomes, `results_budget_bytes`."""
         if task.terminal:
             return False
         task.status = status
@@ -286,10 +314,12 @@ class TaskRegistry:
         task.last_updated_at = updated_at or iso_now()
         detail = {"statusMessage": message} if message is not None else {}
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        evicted: list[tuple[Task, int]] = []
         if status.terminal:
-            task.outcome = None if outcome is None else bounded(outcome, self._retention.max_result_bytes)
+            task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
+            kept, evicted = self._keep(task, outcome)
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, task.outcome)))
+            events.append(self.capture.lifecycle("task.terminal", **summarize(status, kept)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
         # Status first, then the events: a stream that wakes on the append already sees it terminal.
         await self.record(task, *events)
@@ -297,7 +327,40 @@ class TaskRegistry:
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
+        budget = self._retention.results_budget_bytes
+        for victim, size in evicted:
+            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
         return True
+
+    def _keep(self, task: Task, outcome: Message | None) -> tuple[Message | None, list[tuple[Task, int]]]:
+        """Keep `task`'s outcome (within `max_result_bytes`), first evicting the oldest kept outcomes
+        until it fits the budget; what is kept, and the tasks evicted with the bytes each gave up. No
+        await: the budget's bookkeeping is never seen half done."""
+        if outcome is None:
+            return None, []
+        kept, task.kept_outcome = bounded(outcome, self._retention.max_result_bytes)
+        if kept is not outcome:
+            self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
+        size = len(task.kept_outcome)
+        budget = self._retention.results_budget_bytes
+        evicted: list[tuple[Task, int]] = []
+        while self._kept and self.kept_bytes + size > budget:
+            victim_id, victim_size = self._kept.popitem(last=False)
+            self.kept_bytes -= victim_size
+            victim = self._tasks[victim_id]  # expiry forgets a task's kept outcome with the task
+            victim.kept_outcome = orjson.dumps(evicted_outcome(victim_size, budget))
+            evicted.append((victim, victim_size))
+            self._metrics.results_dropped.labels(reason=RESULT_EVICTED).inc()
+        self._kept[task.id] = size
+        self.kept_bytes += size
+        self._metrics.kept_result_bytes.set(self.kept_bytes)
+        return kept, evicted
+
+    def _forget_outcome(self, task_id: str) -> None:
+        size = self._kept.pop(task_id, None)
+        if size is not None:
+            self.kept_bytes -= size
+            self._metrics.kept_result_bytes.set(self.kept_bytes)
 
     def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep(), name="task-sweeper")
@@ -318,6 +381,7 @@ class TaskRegistry:
             del self._tasks[task.id]
             self._per_owner[task.owner] -= 1
             self._log_expiry.pop(task.id, None)
+            self._forget_outcome(task.id)
             task.log_deleted = True
             task.settle_input()
             if task.cancel is not None and not task.terminal:
@@ -340,14 +404,27 @@ class TaskRegistry:
                 await self._sweeper
 
 
-def bounded(outcome: Message, limit: int) -> Message:
-    """`outcome` if its result (or error) serializes to at most `limit` bytes, else an error saying
-    that it exceeded the cap (`data.reason` "result_too_large")."""
-    size = len(orjson.dumps(outcome.get("result", outcome.get("error"))))
-    if size <= limit:
-        return outcome
-    text = f"the task's result ({size} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
-    data = {"reason": RESULT_TOO_LARGE, "size": size, "limit": limit}
+def bounded(outcome: Message, limit: int) -> tuple[Message, bytes]:
+    """What a record keeps of `outcome`, and its JSON: `{"result": …}` (or `{"error": …}`) if that
+    result (or error) serializes to at most `limit` bytes, else an error saying that it exceeded the cap
+    (`data.reason` "result_too_large")."""
+    key = "error" if "error" in outcome and "result" not in outcome else "result"
+    value = orjson.dumps(outcome.get(key))
+    if len(value) <= limit:
+        return outcome, b'{"%s":%s}' % (key.encode(), value)
+    text = f"the task's result ({len(value)} bytes) exceeded the gateway's cap of {limit} bytes and was not kept"
+    data = {"reason": RESULT_TOO_LARGE, "size": len(value), "limit": limit}
+    kept = {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
+    return kept, orjson.dumps(kept)
+
+
+def evicted_outcome(size: int, budget: int) -> Message:
+    """The error kept instead of a result evicted to make room for newer ones (`data.reason` "result_evicted")."""
+    text = (
+        f"the task's result ({size} bytes) was evicted: the gateway keeps at most {budget} bytes of task "
+        "results, and this was among the oldest"
+    )
+    data = {"reason": RESULT_EVICTED, "size": size, "budget": budget}
     return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
 
 

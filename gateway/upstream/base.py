@@ -5,9 +5,15 @@ An `UpstreamChannel` is one upstream conversation (a stdio process, or an HTTP u
 server-to-client requests) in arrival order, ending with exactly one response. Upstream failures never
 raise out of a channel; they end the exchange with a JSON-RPC error response instead.
 
-Backpressure is end to end: `Exchange.deliver` waits while the consumer is `capacity` messages behind,
-so a burst is never dropped and never buffered without bound. A consumer that goes away calls
-`detach()`, after which messages are discarded so the link never stalls on it.
+Backpressure is end to end and bounded in bytes as well as messages (see `gateway.buffers`):
+`Exchange.deliver` waits while the exchange holds its budget's `stream_bytes` (queued, or handed to a
+consumer that has not come back for more, i.e. is still writing them) or `stream_messages` queued, so
+a burst is never dropped and never buffered without bound. A consumer that goes away calls
+`detach()`, after which messages are discarded (and counted) so the link never stalls on it.
+
+An exchange given a `Deadline` that passes before its response ends with a timeout error and is
+cancelled upstream (the link decides how), whether or not anyone still consumes it: an upstream that
+never answers holds no client, channel or process beyond the deadline.
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 
+from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 
-UnsolicitedHandler = Callable[[Message], Awaitable[None]]
-CancelHook = Callable[[], Awaitable[None]]
+UnsolicitedHandler = Callable[[Message, int], Awaitable[None]]
+"""Gets a message not tied to a request and its size on the wire in bytes."""
+CancelHook = Callable[[str], Awaitable[None]]
+"""Cancels one request upstream, giving the reason (a stdio or legacy upstream sees it in
+`notifications/cancelled`)."""
 Tap = Callable[["UpstreamChannel", str | None, Message], Awaitable[Message]]
 """Sees every message a channel hands to the gateway, in arrival order and before anyone consumes it
 (even when the request's client is gone), with the method of the request it answers (None for
@@ -35,7 +46,32 @@ FailureListener = Callable[[str], None]
 """Told (with the cause) when real traffic found the upstream unusable: a stdio command that cannot start
 or whose process exits, an HTTP upstream that does not answer. Must not block (readiness re-checks)."""
 
-DEFAULT_EXCHANGE_CAPACITY = 1024
+CLIENT_CANCEL_REASON = "cancelled by the client"
+TIMEOUT_CANCEL_REASON = "request timed out at the gateway"
+REQUEST_TIMEOUT = "request_timeout"
+"""`data.reason` of the error a request gets when its deadline passes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """How long the upstream may take to answer one request, and the config key that set it."""
+
+    seconds: float
+    key: str
+    on_expiry: Callable[[str], None] | None = None
+    """Told the method of each request whose deadline passed (metrics)."""
+
+    def error(self, method: str) -> tuple[str, dict[str, object]]:
+        """The message and `data` of the JSON-RPC error the request ends with."""
+        text = (
+            f"Request timeout: the upstream did not answer {method} within {self.seconds:g} s ({self.key}); "
+            "the request was cancelled upstream"
+        )
+        return text, {"reason": REQUEST_TIMEOUT, "limit": self.seconds, "key": self.key}
+
+
+DeadlineRule = Callable[[Message], Deadline | None]
+"""The deadline a request gets as it is sent upstream (None: none)."""
 
 
 class Exchange:
@@ -45,22 +81,37 @@ class Exchange:
         self,
         request_id: RequestId,
         method: str,
-        capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget | None = None,
         channel: UpstreamChannel | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         self.request_id = request_id
         self.method = method
         self._channel = channel
-        self._capacity = capacity
+        self._budget = budget or BufferBudget()
         self._items: deque[Message] = deque()
+        self._queued_bytes = 0
+        self._handed_bytes = 0
+        """Bytes of the batch (or batches, with `more`) the consumer took last and is still writing."""
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
         self._finished = False
         self._detached = False
         self._cancel_hook: CancelHook | None = None
+        self._deadline = deadline
+        self._timer: asyncio.TimerHandle | None = None
+        if deadline is not None:
+            self._timer = asyncio.get_running_loop().call_later(deadline.seconds, self._expire)
+        self._expiry: asyncio.Task[None] | None = None
+        """The upstream cancel of an expired exchange; held here so it runs to its end (it is short:
+        one write, bounded by the link)."""
         self.failure: str | None = None
-        """Why the link ended this exchange itself (`fail`), or None when the response came from upstream."""
+        """Why the link ended this exchange itself (`fail`), as the client was told; None when the response
+        came from upstream."""
+        self.failure_detail: str | None = None
+        """`failure` with what the upstream itself said (its last stderr line, its HTTP error body), for
+        the log and /readyz; never the gateway's configuration (command line, URL, addresses)."""
 
     @property
     def finished(self) -> bool:
@@ -71,56 +122,112 @@ class Exchange:
         """Set by the link: how to cancel this request upstream (era and transport specific)."""
         self._cancel_hook = hook
 
-    async def deliver(self, message: Message) -> None:
-        """Called by the link for each message routed here, in arrival order."""
+    def _full(self, size: int) -> bool:
+        if len(self._items) >= self._budget.stream_messages:
+            return True
+        held = self._queued_bytes + self._handed_bytes
+        # A message larger than the whole bound still passes, alone: nothing else is held then.
+        return held > 0 and held + size > self._budget.stream_bytes
+
+    async def deliver(self, message: Message, size: int = 0) -> None:
+        """Called by the link for each message routed here, in arrival order, with its size on the wire."""
         if self._finished:
             return
         if self._channel is not None and self._channel.tap is not None:
             message = await self._channel.tap(self._channel, self.method, message)
-        while len(self._items) >= self._capacity and not self._detached:
+        while not self._detached and self._full(size):
             self._writable.clear()
             await self._writable.wait()
-        final = jsonrpc.is_final(message)
-        if final:
-            self._finished = True
+        if self._finished:  # failed (or expired) while this message waited for room
+            return
+        if jsonrpc.is_final(message):
+            self._settle()
         if self._detached:
+            self._budget.dropped(1)
             return
         self._items.append(message)
+        self._queued_bytes += size
+        self._budget.held += size
         self._readable.set()
 
-    def fail(self, code: int, text: str, data: object = None) -> None:
-        """End the exchange with a JSON-RPC error now, after what is already queued. Never blocks."""
+    def fail(self, code: int, text: str, data: object = None, *, detail: str | None = None) -> None:
+        """End the exchange with a JSON-RPC error now, after what is already queued. Never blocks.
+
+        `text` is what the client sees: no addresses, paths or stack traces. `detail` is the upstream's
+        own account, kept for the log and /readyz (see `failure_detail`)."""
         if self._finished:
             return
-        self._finished = True
+        self._settle()
         self.failure = text
+        self.failure_detail = f"{text}: {detail}" if detail else text
         if not self._detached:
             self._items.append(jsonrpc.error_response(self.request_id, code, text, data))
             self._readable.set()
 
     def end(self) -> None:
         """Finish without a response (for streams that have none): the consumer sees the end."""
-        self._finished = True
+        self._settle()
         self._readable.set()
 
     def detach(self) -> None:
         """The consumer is gone: discard what is queued and whatever still arrives."""
+        if not self._detached:
+            self._budget.dropped(len(self._items))
         self._detached = True
         self._items.clear()
+        self._budget.held -= self._queued_bytes + self._handed_bytes
+        self._queued_bytes = self._handed_bytes = 0
         self._writable.set()
         self._readable.set()
 
-    async def cancel(self) -> None:
+    async def cancel(self, reason: str = CLIENT_CANCEL_REASON) -> None:
         """Cancel the request upstream (the link decides how) and stop delivery."""
         hook, self._cancel_hook = self._cancel_hook, None
         self.detach()
-        if hook is not None and not self._finished:
-            self._finished = True
-            await hook()
+        finished = self._finished
+        self._settle()
+        if hook is not None and not finished:
+            await hook(reason)
+
+    def _settle(self) -> None:
+        """The exchange is over: no more messages, and its deadline no longer matters."""
         self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        """The deadline passed without a response: cancel upstream, and end with the timeout error."""
+        self._timer = None
+        deadline = self._deadline
+        if self._finished or deadline is None:
+            return
+        hook, self._cancel_hook = self._cancel_hook, None
+        if hook is not None:
+            # Started before the error wakes the consumer, so the link has forgotten the request (and
+            # marked its conversation as having abandoned one) before the consumer can release it.
+            self._expiry = asyncio.ensure_future(hook(TIMEOUT_CANCEL_REASON))
+        text, data = deadline.error(self.method)
+        self.fail(jsonrpc.INTERNAL_ERROR, text, data)
+        if deadline.on_expiry is not None:
+            deadline.on_expiry(self.method)
+
+    def _hand_out(self) -> list[Message]:
+        batch = list(self._items)
+        self._items.clear()
+        self._handed_bytes += self._queued_bytes
+        self._queued_bytes = 0
+        self._writable.set()
+        return batch
 
     async def next_batch(self, wait_s: float | None = None) -> list[Message] | None:
-        """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over."""
+        """Everything available now, waiting up to `wait_s` for something: [] on timeout, None when over.
+
+        Calling it again says the previous batch is written: its bytes stop counting against the bound."""
+        if self._handed_bytes:
+            self._budget.held -= self._handed_bytes
+            self._handed_bytes = 0
+            self._writable.set()
         if self._detached:
             return None
         if not self._items:
@@ -133,10 +240,11 @@ class Exchange:
                 return []
             if not self._items:
                 return None if self._finished or self._detached else []
-        batch = list(self._items)
-        self._items.clear()
-        self._writable.set()
-        return batch
+        return self._hand_out()
+
+    def more(self) -> list[Message]:
+        """What arrived since the last batch, to be written with it: it counts until the next `next_batch`."""
+        return self._hand_out()
 
     async def collect(self) -> list[Message]:
         """Every message until the response (inclusive)."""
@@ -196,6 +304,16 @@ class UpstreamChannel(ABC):
     @abstractmethod
     async def close(self) -> None:
         """End the conversation: in-flight exchanges fail, the upstream session or process ends."""
+
+    async def park(self) -> bool:
+        """Give back what an idle conversation holds (a stdio process) until its next request, which
+        re-establishes it by replaying the handshake; the upstream loses its in-memory state of the
+        conversation. False when there is nothing to give back, or a request is in flight."""
+        return False
+
+    async def resume(self) -> None:
+        """Take back what `park` gave back, before a request; raises `Overloaded` when it cannot."""
+        return None
 
 
 class Upstream(ABC):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
+from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -25,7 +27,7 @@ from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
-    DEFAULT_EXCHANGE_CAPACITY,
+    DeadlineRule,
     Exchange,
     FailureListener,
     UnsolicitedHandler,
@@ -99,18 +101,20 @@ class HttpChannel(UpstreamChannel):
         config: HttpUpstreamConfig,
         metrics: Metrics,
         era: Era,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget,
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self.era = era
         self._on_close = on_close
         self._on_failure = on_failure
+        self._deadlines = deadlines
         self._client = client
         self._url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget
         self._session_id: str | None = None
         self._protocol_version: str | None = None
         self._handler: UnsolicitedHandler | None = None
@@ -124,7 +128,8 @@ class HttpChannel(UpstreamChannel):
         return self._session_id
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"], self._capacity, self)
+        deadline = self._deadlines(message) if self._deadlines is not None else None
+        exchange = Exchange(message["id"], message["method"], self._budget, self, deadline)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
             return exchange
@@ -134,8 +139,8 @@ class HttpChannel(UpstreamChannel):
         call.task = asyncio.create_task(self._run_call(call, message, headers), name=f"upstream-http-{message['id']}")
         call.task.add_done_callback(lambda _: self._calls.discard(call))
 
-        async def cancel() -> None:
-            await self._cancel(call)
+        async def cancel(reason: str) -> None:
+            await self._cancel(call, reason)
 
         exchange.on_cancel(cancel)
         return exchange
@@ -181,9 +186,9 @@ class HttpChannel(UpstreamChannel):
             await self._exchange(call, message, headers)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception:
             logger.exception("upstream request %r failed in the link", call.exchange.request_id)
-            call.exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream link error: {exc}")
+            call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream link error (the gateway's log has the cause)")
 
     async def _exchange(self, call: _Call, message: Message, headers: Mapping[str, str]) -> None:
         exchange = call.exchange
@@ -193,7 +198,9 @@ class HttpChannel(UpstreamChannel):
         try:
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            cause = f"upstream unreachable: {_describe(exc)}"
+            # aiohttp's text names the upstream's host and port: the log has it, the client gets the kind.
+            logger.debug("upstream request %r: %s unreachable: %s", exchange.request_id, self._url, _describe(exc))
+            cause = f"upstream unreachable: {_unreachable_reason(exc)}"
             exchange.fail(jsonrpc.INTERNAL_ERROR, cause)
             if self._on_failure is not None:
                 self._on_failure(cause)
@@ -267,7 +274,7 @@ class HttpChannel(UpstreamChannel):
                 call.messages += 1
                 if exchange.method == "initialize":
                     self._remember_negotiated(message)
-                await exchange.deliver(message)
+                await exchange.deliver(message, event.size)
                 if jsonrpc.is_final(message):
                     await _drain(response)
                     return True
@@ -284,7 +291,7 @@ class HttpChannel(UpstreamChannel):
             return
         if exchange.method == "initialize":
             self._remember_negotiated(message)
-        await exchange.deliver(message)
+        await exchange.deliver(message, len(body))
         if not jsonrpc.is_final(message):
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream answered with a JSON body that is not a response")
 
@@ -295,19 +302,20 @@ class HttpChannel(UpstreamChannel):
             # The SDK answers transport errors with id null; the error belongs to this request.
             message["id"] = exchange.request_id
             message["jsonrpc"] = "2.0"
-            await exchange.deliver(message)
+            await exchange.deliver(message, len(body))
             return
+        # The body may be a proxy's page or a stack trace: the log and /readyz get it, the client only the status.
         text = " ".join(body.decode("utf-8", errors="replace").split())[:200] or (response.reason or "")
-        exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}: {text}")
+        exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream answered HTTP {response.status}", detail=text)
 
-    async def _cancel(self, call: _Call) -> None:
+    async def _cancel(self, call: _Call, reason: str) -> None:
         call.abort()
         # A dropped POST is the cancel at 2026-07-28; a legacy upstream keeps running the tool without this.
         if self.era is Era.LEGACY and call.exchange.method != "initialize" and not self._closed:
             cancelled: Message = {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
-                "params": {"requestId": call.exchange.request_id, "reason": "cancelled by the client"},
+                "params": {"requestId": call.exchange.request_id, "reason": reason},
             }
             await self._send(cancelled, {})
 
@@ -415,10 +423,10 @@ class HttpChannel(UpstreamChannel):
                 if message is None:
                     continue
                 delivered = True
-                await self._deliver_unsolicited(message)
+                await self._deliver_unsolicited(message, event.size)
         return delivered
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         message = await self.tapped(None, message)
         handler = self._handler
         if handler is None:
@@ -426,7 +434,7 @@ class HttpChannel(UpstreamChannel):
             self._metrics.notifications_undelivered.labels(method=method, reason="no_session").inc()
             return
         try:
-            await handler(message)
+            await handler(message, size)
         except Exception:
             logger.exception("unsolicited message handler failed on %s", _label(message))
 
@@ -472,12 +480,14 @@ class HttpUpstream(Upstream):
         url: str,
         config: HttpUpstreamConfig,
         metrics: Metrics,
-        exchange_capacity: int = DEFAULT_EXCHANGE_CAPACITY,
+        budget: BufferBudget | None = None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self.url = url
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
+        self._deadlines = deadlines
         self._client: aiohttp.ClientSession | None = None
         self._shared: HttpChannel | None = None
         self._channels: set[HttpChannel] = set()
@@ -538,9 +548,10 @@ class HttpUpstream(Upstream):
             self._config,
             self._metrics,
             era,
-            self._capacity,
+            self._budget,
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
+            deadlines=self._deadlines,
         )
 
 
@@ -586,6 +597,21 @@ async def _drain(response: aiohttp.ClientResponse) -> None:
 
 def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+def _unreachable_reason(exc: BaseException) -> str:
+    """Why a connection failed, in words that name no host, port or address."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name does not resolve"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are TimeoutErrors too
+        return "timed out"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the connection was closed"
+    return type(exc).__name__
 
 
 def _label(message: Message) -> str:

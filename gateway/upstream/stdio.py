@@ -4,7 +4,8 @@ Process model: a legacy (handshake-era) client session gets a process of its own
 handshake binds a stdio process to one client. Modern (2026-07-28) requests carry everything in their
 `_meta` envelope, so they share a pool of processes, each leased to one request at a time; that keeps
 `notifications/message`, which carries no request id on stdio, attributable to its request. The total
-number of processes is capped by `max_processes`.
+number of processes is capped by `max_processes`, of which sessions may hold all but `idle_processes`
+(so the pool always serves); an idle session may give its process back (`park`) until its next request.
 
 On one process several exchanges may be in flight, so ids are rewritten: each upstream request gets a
 gateway-chosen integer id, which is also its progress token, and responses, progress notifications and
@@ -12,6 +13,10 @@ gateway-chosen integer id, which is also its progress token, and responses, prog
 the next request respawns it and, for a session, replays the recorded handshake first. A command that
 cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
 the upstream's failure listeners (readiness); the gateway itself keeps running.
+
+A line longer than `line_limit_bytes` is skipped without being held: a response whose id its head or
+tail shows fails its request alone (`gateway.protocol.oversized`); anything else is dropped, counted and
+logged. Neither stops the process.
 """
 
 from __future__ import annotations
@@ -30,11 +35,19 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TTLCache
 
+from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
-from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.upstream.base import Exchange, FailureListener, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.protocol import jsonrpc, oversized
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
+from gateway.upstream.base import (
+    DeadlineRule,
+    Exchange,
+    FailureListener,
+    UnsolicitedHandler,
+    Upstream,
+    UpstreamChannel,
+)
 
 log = logging.getLogger("gateway.upstream.stdio")
 
@@ -50,8 +63,14 @@ PINNED_STATE_TTL_S = 600.0
 STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
 
+SKIP_PIECE_BYTES = 1024 * 1024
+"""The most of an over-long line copied at once while it is skipped."""
+
+RESPONSE_TOO_LARGE = "response_too_large"
+"""`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
+
 MAX_CAUSE_CHARS = 300
-"""Longest stderr line quoted in an exit cause (a client's error message, /readyz's reason)."""
+"""Longest stderr line kept as an exit's detail (the log's and /readyz's reason; never a client's error)."""
 
 # Notifications and server requests that belong to whatever request is running; on stdio nothing says
 # which, so they go to the only exchange in flight, or to the unsolicited handler when there are several.
@@ -60,8 +79,8 @@ _REQUEST_SCOPED = frozenset(
 )
 
 
-class UpstreamBusy(Exception):
-    """No upstream process could be had within the limit; the edge answers 503."""
+class UpstreamBusy(Overloaded):
+    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
@@ -82,14 +101,16 @@ class StdioProcess:
         command: list[str],
         config: StdioConfig,
         metrics: Metrics,
-        capacity: int,
+        budget: BufferBudget,
         on_failure: FailureListener | None,
+        deadlines: DeadlineRule | None = None,
     ) -> None:
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = capacity
+        self._budget = budget
         self._on_failure = on_failure
+        self._deadlines = deadlines
         self._stderr_level = logging.INFO if on_failure is not None else logging.DEBUG
         self._proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
@@ -102,7 +123,11 @@ class StdioProcess:
         self.abandoned_requests = False
         self.exited = asyncio.Event()
         self.exit_cause: str | None = None
-        """Why the process is not running: it could not be started, or it exited (with the code)."""
+        """Why the process is not running: it could not be started, or it exited (with the code). Clients
+        see it, so it names no path or command line."""
+        self.exit_detail: str | None = None
+        """The last stderr line of a process that exited before answering anything (the log and /readyz
+        show it; clients do not: it may name paths)."""
         self.unsolicited: UnsolicitedHandler | None = None
         self.channel: UpstreamChannel | None = None
         """The conversation this process serves: its tap sees every message, its loss listeners the exit."""
@@ -115,6 +140,11 @@ class StdioProcess:
     @property
     def alive(self) -> bool:
         return self._proc is not None and not self.exited.is_set()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a request sent to the process awaits its response."""
+        return bool(self._routes)
 
     async def start(self) -> None:
         """Spawn the command. One that cannot be started leaves the process not alive, `exit_cause` set."""
@@ -131,8 +161,9 @@ class StdioProcess:
                 start_new_session=True,
             )
         except OSError as exc:
-            self.exit_cause = f"cannot start the upstream command: {exc}"
-            log.debug("upstream command cannot start", extra={"command": self._command, "cause": self.exit_cause})
+            # The OS error's text names the file; clients get only its reason.
+            self.exit_cause = f"cannot start the upstream command: {exc.strerror or type(exc).__name__}"
+            log.debug("upstream command cannot start", extra={"command": self._command, "cause": str(exc)})
             if self._on_failure is not None:
                 self._on_failure(self.exit_cause)
             return
@@ -145,9 +176,10 @@ class StdioProcess:
 
     async def request(self, message: Message) -> Exchange:
         client_id = message["id"]
-        exchange = Exchange(client_id, message["method"], self._capacity, self.channel)
+        deadline = self._deadlines(message) if self._deadlines is not None else None
+        exchange = Exchange(client_id, message["method"], self._budget, self.channel, deadline)
         if not self.alive:
-            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
             return exchange
         upstream_id = next(self._ids)
         params = message.get("params")
@@ -162,14 +194,14 @@ class StdioProcess:
             outgoing["params"] = params
         self._routes[upstream_id] = _Route(exchange, client_id, client_token)
         self._by_client_id[client_id] = upstream_id
-        exchange.on_cancel(lambda: self._cancel(upstream_id, "client disconnected"))
+        exchange.on_cancel(lambda reason: self._cancel(upstream_id, reason))
         if not await self._write(outgoing):
             self._forget(upstream_id)
             # The process is going away (a command that exits at once): its exit code says why.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._config.shutdown_timeout_s):
                     await self.exited.wait()
-            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running())
+            exchange.fail(jsonrpc.INTERNAL_ERROR, self._not_running(), detail=self.exit_detail)
         return exchange
 
     def _not_running(self) -> str:
@@ -222,7 +254,16 @@ class StdioProcess:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
         try:
-            while line := await stdout.readline():
+            while True:
+                try:
+                    line = await stdout.readuntil(b"\n")
+                except asyncio.IncompleteReadError as exc:  # the end; a last line without a newline counts
+                    if not exc.partial:
+                        break
+                    line = exc.partial
+                except asyncio.LimitOverrunError:
+                    await self._skip_oversized(stdout)
+                    continue
                 try:
                     message = orjson.loads(line)
                 except orjson.JSONDecodeError:
@@ -231,15 +272,57 @@ class StdioProcess:
                     continue
                 if isinstance(message, dict):
                     self._answered = True
-                    await self._route(message)
-        except ValueError:
-            log.error("upstream wrote a line longer than line_limit_bytes; stopping it")
+                    await self._route(message, len(line))
         except Exception:
             log.exception("stdio reader failed")
         finally:
             await self._on_exit()
 
-    async def _route(self, message: Message) -> None:
+    async def _skip_oversized(self, stdout: asyncio.StreamReader) -> None:
+        """Skip a line longer than line_limit_bytes, holding only its head and tail: a response whose id
+        they show fails its request alone; anything else is dropped. The process and its other requests
+        go on."""
+        # The buffer holds more than the limit of this line, none of it a newline: this returns at once.
+        head = await stdout.read(oversized.HEAD_BYTES)
+        size, tail = len(head), b""
+
+        def skipped(data: bytes) -> None:
+            nonlocal size, tail
+            size += len(data)
+            tail = (tail + data[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
+
+        while True:
+            try:
+                skipped((await stdout.readuntil(b"\n"))[:-1])
+                break
+            except asyncio.LimitOverrunError as exc:  # no newline within the limit yet: drop what is buffered
+                remaining = exc.consumed
+                while remaining > 0:  # in pieces, so no copy of the whole buffer is ever made
+                    piece = await stdout.read(min(remaining, SKIP_PIECE_BYTES))
+                    remaining -= len(piece)
+                    skipped(piece)
+            except asyncio.IncompleteReadError as exc:  # the process ended mid-line
+                skipped(exc.partial)
+                break
+        self._answered = True
+        limit = self._config.line_limit_bytes
+        upstream_id = oversized.response_id(head, tail)
+        route = self._forget(upstream_id) if upstream_id is not None else None
+        outcome = "request_failed" if route is not None else "dropped"
+        self._metrics.upstream_oversized_lines.labels(outcome=outcome).inc()
+        log.warning(
+            "upstream wrote a line longer than line_limit_bytes; skipped it",
+            extra={"pid": self.pid, "bytes": size, "limit": limit, "outcome": outcome, "upstream_id": upstream_id},
+        )
+        if route is not None:
+            route.exchange.fail(
+                jsonrpc.INTERNAL_ERROR,
+                f"Response too large: the upstream's response ({size} bytes) exceeds {limit} bytes "
+                "(upstream.stdio.line_limit_bytes) and was discarded",
+                {"reason": RESPONSE_TOO_LARGE, "size": size, "limit": limit, "key": "upstream.stdio.line_limit_bytes"},
+            )
+
+    async def _route(self, message: Message, size: int) -> None:
         method = message.get("method")
         if method is None:
             upstream_id = message.get("id")
@@ -247,38 +330,40 @@ class StdioProcess:
             if route is not None:
                 if route.client_token is not None:
                     self._late_tokens[upstream_id] = route.client_token  # type: ignore[index]
-                await route.exchange.deliver({**message, "id": route.client_id})
+                await route.exchange.deliver({**message, "id": route.client_id}, size)
             return
         params = jsonrpc.params_of(message)
         if method == "notifications/progress":
             token = params.get("progressToken")
             route = self._routes.get(token) if isinstance(token, int) else None
             if route is not None:
-                await route.exchange.deliver({**message, "params": {**params, "progressToken": route.client_token}})
+                await route.exchange.deliver(
+                    {**message, "params": {**params, "progressToken": route.client_token}}, size
+                )
                 return
             if isinstance(token, int) and token in self._late_tokens:
                 late = {**params, "progressToken": self._late_tokens[token]}
-                await self._deliver_unsolicited({**message, "params": late})
+                await self._deliver_unsolicited({**message, "params": late}, size)
                 return
         subscription = jsonrpc.meta_of(message).get(SUBSCRIPTION_ID_KEY)
         route = self._routes.get(subscription) if isinstance(subscription, int) else None
         if route is not None:
             # A subscriptions/listen stream stamps every notification with the listen request's id.
             meta = {**params["_meta"], SUBSCRIPTION_ID_KEY: route.client_id}
-            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}})
+            await route.exchange.deliver({**message, "params": {**params, "_meta": meta}}, size)
         elif method in _REQUEST_SCOPED and len(self._routes) == 1:
             (route,) = self._routes.values()
-            await route.exchange.deliver(message)
+            await route.exchange.deliver(message, size)
         else:
-            await self._deliver_unsolicited(message)
+            await self._deliver_unsolicited(message, size)
 
-    async def _deliver_unsolicited(self, message: Message) -> None:
+    async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         if self.channel is not None:
             message = await self.channel.tapped(None, message)
         if self.unsolicited is None:
             self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason="no_session").inc()
             return
-        await self.unsolicited(message)
+        await self.unsolicited(message, size)
 
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -300,7 +385,8 @@ class StdioProcess:
         self.exit_cause = f"upstream process exited (code {code})"
         if not self._answered:
             # A start failure (a missing script, a bad argument): stderr usually says which.
-            self.exit_cause += " before answering anything" + (f": {self._last_stderr}" if self._last_stderr else "")
+            self.exit_cause += " before answering anything"
+            self.exit_detail = self._last_stderr or None
         if not self.exited.is_set():
             self.exited.set()
             self._metrics.upstream_processes.dec()
@@ -312,7 +398,7 @@ class StdioProcess:
             log.log(
                 logging.WARNING if serving else logging.DEBUG,
                 "upstream process exited",
-                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause},
+                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause, "stderr": self._last_stderr},
             )
             if self._on_failure is not None:
                 self._metrics.upstream_restarts.inc()
@@ -320,7 +406,7 @@ class StdioProcess:
         self._routes.clear()
         self._by_client_id.clear()
         for route in routes:
-            route.exchange.fail(jsonrpc.INTERNAL_ERROR, self.exit_cause)
+            route.exchange.fail(jsonrpc.INTERNAL_ERROR, self.exit_cause, detail=self.exit_detail)
         if not self._stopping and self.channel is not None:
             await self.channel.report_loss(f"the upstream process exited (code {code})")
 
@@ -354,14 +440,18 @@ class StdioChannel(UpstreamChannel):
     respawned process, so the client's session survives an upstream crash.
     """
 
-    def __init__(self, upstream: StdioUpstream, *, probe: bool = False) -> None:
+    def __init__(self, upstream: StdioUpstream, *, probe: bool = False, session: bool = False) -> None:
         self._upstream = upstream
         self._probe = probe
+        self.session = session
+        """A legacy session's conversation (not the pool's): its slot counts in the sessions' share."""
         self._process: StdioProcess | None = None
         self._spawn_lock = asyncio.Lock()
         self._handshake: list[Message] = []
         self._unsolicited: UnsolicitedHandler | None = None
         self._closed = False
+        self._parked = False
+        """The process was stopped and its slot given back while the session idles (see `park`)."""
         self.lease = asyncio.Lock()
         """Held by the one stateless request using this channel."""
 
@@ -372,10 +462,29 @@ class StdioChannel(UpstreamChannel):
     async def ensure_started(self) -> None:
         await self._live_process()
 
+    async def resume(self) -> None:
+        if self._parked:
+            await self._live_process()
+
+    async def park(self) -> bool:
+        async with self._spawn_lock:
+            process = self._process
+            if self._closed or self._parked or (process is not None and process.in_flight):
+                return False
+            self._process = None
+            self._parked = True
+            self._upstream.release_slot(session=self.session)
+        if process is not None:
+            await process.stop()
+        return True
+
     async def _live_process(self) -> StdioProcess:
         async with self._spawn_lock:
             if self._process is not None and self._process.alive:
                 return self._process
+            if self._parked:
+                await self._upstream.take_slot(self._upstream.acquire_timeout_s, session=self.session)
+                self._parked = False
             process = self._upstream.new_process(probe=self._probe)
             process.unsolicited = self._unsolicited
             process.channel = self
@@ -419,8 +528,10 @@ class StdioChannel(UpstreamChannel):
 
     @property
     def reusable(self) -> bool:
-        """Open, and no request was abandoned on it whose late output could reach the next one."""
-        return not self._closed and (self._process is None or not self._process.abandoned_requests)
+        """Open, and no request was abandoned or is still in flight on it whose late output could reach
+        the next one."""
+        process = self._process
+        return not self._closed and (process is None or not (process.abandoned_requests or process.in_flight))
 
     async def close(self) -> None:
         if self._closed:
@@ -430,49 +541,94 @@ class StdioChannel(UpstreamChannel):
         if process is not None:
             await process.stop()
         if not self._probe:
-            self._upstream.forget(self)
+            self._upstream.forget(self, holds_slot=not self._parked)
 
 
 class StdioUpstream(Upstream):
     """Owns every stdio channel: per-session ones and the pool that serves modern requests."""
 
-    def __init__(self, command: list[str], config: StdioConfig, metrics: Metrics, exchange_capacity: int = 1024):
+    def __init__(
+        self,
+        command: list[str],
+        config: StdioConfig,
+        metrics: Metrics,
+        budget: BufferBudget | None = None,
+        deadlines: DeadlineRule | None = None,
+    ):
         self._command = command
         self._config = config
         self._metrics = metrics
-        self._capacity = exchange_capacity
+        self._budget = budget or BufferBudget()
+        self._deadlines = deadlines
         self._slots = asyncio.Semaphore(config.max_processes)
+        self._session_share = config.max_processes - min(config.idle_processes, config.max_processes - 1)
+        """Slots legacy sessions may hold: the other `idle_processes` are kept for 2026-07-28 requests,
+        so however many sessions are opened, the pool can always serve."""
+        self._session_slots = 0
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
-            self._command, self._config, self._metrics, self._capacity, None if probe else self.report_failure
+            self._command,
+            self._config,
+            self._metrics,
+            self._budget,
+            None if probe else self.report_failure,
+            self._deadlines,
         )
 
-    def forget(self, channel: StdioChannel) -> None:
-        """Called once by a closing channel: its process slot is free again."""
-        self._channels.discard(channel)
-        self._slots.release()
+    @property
+    def acquire_timeout_s(self) -> float:
+        return self._config.acquire_timeout_s
 
-    async def _new_channel(self, wait_s: float) -> StdioChannel:
+    def forget(self, channel: StdioChannel, *, holds_slot: bool) -> None:
+        """Called once by a closing channel: its process slot (unless parked) is free again."""
+        self._channels.discard(channel)
+        if holds_slot:
+            self.release_slot(session=channel.session)
+
+    def release_slot(self, *, session: bool) -> None:
+        self._slots.release()
+        if session:
+            self._session_slots -= 1
+
+    async def take_slot(self, wait_s: float, *, session: bool) -> None:
+        """A process slot, waiting up to `wait_s` (idle pool processes are stopped first to make room);
+        a session's slot only within the sessions' share, at once or not at all."""
+        if session and self._session_slots >= self._session_share:
+            raise UpstreamBusy(
+                "upstream.stdio.max_processes",
+                f"legacy sessions hold all {self._session_share} upstream processes they may use (the other "
+                f"{self._config.max_processes - self._session_share} serve 2026-07-28 requests: idle_processes)",
+                "retry later; sessions release theirs when they end (DELETE) or expire",
+            )
         if self._slots.locked() and self._idle:
             await self._idle.pop().close()
         if self._slots.locked() and wait_s <= 0:
-            raise UpstreamBusy(self._busy_message())
+            raise self._busy()
         try:
             # An unlocked semaphore is acquired at once; only a full one needs the deadline.
             async with asyncio.timeout(wait_s if self._slots.locked() else None):
                 await self._slots.acquire()
         except TimeoutError:
-            raise UpstreamBusy(self._busy_message()) from None
-        channel = StdioChannel(self)
+            raise self._busy() from None
+        if session:
+            self._session_slots += 1
+
+    async def _new_channel(self, wait_s: float, *, session: bool = False) -> StdioChannel:
+        await self.take_slot(wait_s, session=session)
+        channel = StdioChannel(self, session=session)
         self._channels.add(channel)
         return channel
 
-    def _busy_message(self) -> str:
-        return f"all {self._config.max_processes} upstream processes are in use (upstream.stdio.max_processes)"
+    def _busy(self) -> UpstreamBusy:
+        return UpstreamBusy(
+            "upstream.stdio.max_processes",
+            f"all {self._config.max_processes} upstream processes are in use",
+            "retry later; legacy sessions release theirs when they end (DELETE) or expire",
+        )
 
     async def start(self) -> None:
         for _ in range(min(self._config.idle_processes, self._config.max_processes)):
@@ -481,7 +637,7 @@ class StdioUpstream(Upstream):
             self._idle.append(channel)
 
     async def open_session(self) -> UpstreamChannel:
-        return await self._new_channel(0)
+        return await self._new_channel(0, session=True)
 
     @asynccontextmanager
     async def probe_session(self) -> AsyncIterator[UpstreamChannel]:
@@ -505,7 +661,11 @@ class StdioUpstream(Upstream):
             async with asyncio.timeout(self._config.acquire_timeout_s):
                 await channel.lease.acquire()
         except TimeoutError:
-            raise UpstreamBusy("the upstream process that issued this requestState stayed busy") from None
+            raise UpstreamBusy(
+                "upstream.stdio.acquire_timeout_s",
+                "the upstream process that issued this requestState stayed busy",
+                "retry the same request later",
+            ) from None
         try:
             yield channel
         finally:

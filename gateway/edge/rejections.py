@@ -1,0 +1,119 @@
+"""Requests the gateway refuses: counted by reason, and logged quietly enough that a flood cannot fill the log.
+
+A fuzzer, a broken client or a TLS handshake sent to the plain-HTTP port can send thousands of bad
+requests a second. Each refusal is counted in `mcp_gateway_rejected_requests_total{reason}` and logged
+without a traceback, at most once per reason per `[logging] rejected_log_interval_s`, saying how many
+were left out since the last line. Only the gateway's own faults log tracebacks.
+
+Two sources: the edge's own refusals (`Rejections.refused`, with the documented HTTP status), and
+malformed HTTP that aiohttp's parser rejects before any handler runs, which aiohttp logs at error level
+with a traceback; `FramingErrors` is a filter on aiohttp's server logger that turns those records into
+counted, rate-limited warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from aiohttp.http_exceptions import HttpProcessingError
+
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import ProtocolError
+
+log = logging.getLogger("gateway.edge.rejected")
+
+FRAMING = "framing"
+MAX_LOGGED_CHARS = 300
+"""Refusal messages may quote client headers (up to aiohttp's 8 KiB each); the log keeps their start."""
+
+_REASON_BY_STATUS = {
+    403: "origin",
+    404: "not_found",
+    405: "http_method",
+    406: "accept",
+    409: "conflict",
+    413: "body_too_large",
+    415: "content_type",
+    421: "host",
+    503: "unavailable",
+    504: "upstream_timeout",
+}
+_REASON_BY_CODE = {
+    jsonrpc.PARSE_ERROR: "parse_error",
+    jsonrpc.INVALID_REQUEST: "invalid_request",
+    jsonrpc.INVALID_PARAMS: "invalid_params",
+    jsonrpc.HEADER_MISMATCH: "header_mismatch",
+    jsonrpc.UNSUPPORTED_PROTOCOL_VERSION: "unsupported_version",
+}
+
+
+def reason_of(error: ProtocolError) -> str:
+    """The metric label for a refusal: a small fixed set, from its HTTP status and JSON-RPC code."""
+    return _REASON_BY_STATUS.get(error.http_status) or _REASON_BY_CODE.get(error.code, "invalid")
+
+
+class RateLimitedLog:
+    """At most one line per kind per `interval_s`; the next line says how many were left out."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._left_out: Counter[str] = Counter()
+
+    def log(self, level: int, kind: str, message: str, **extra: object) -> None:
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self._interval_s:
+            self._left_out[kind] += 1
+            return
+        self._last[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        if left_out and last is not None:
+            message += f" (and {left_out} more not logged in the last {now - last:.0f} s)"
+        self._logger.log(level, message, extra={"reason": kind, **extra})
+
+
+class Rejections:
+    """Counts and logs the requests the gateway refuses."""
+
+    def __init__(self, metrics: Metrics, log_interval_s: float) -> None:
+        self._metrics = metrics
+        self._log = RateLimitedLog(log, log_interval_s)
+
+    def refused(self, error: ProtocolError, remote: str | None) -> None:
+        """The edge answered a request with `error` (a client mistake, not a gateway fault)."""
+        reason = reason_of(error)
+        self._metrics.rejected_requests.labels(reason=reason).inc()
+        text = f"refused a request: HTTP {error.http_status} {error.message}"
+        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote)
+
+    def malformed_http(self, error: HttpProcessingError, remote: object) -> None:
+        """aiohttp's parser refused what a client sent (answered 400 and closed by aiohttp)."""
+        self._metrics.rejected_requests.labels(reason=FRAMING).inc()
+        first_line = str(error.message).strip().splitlines()[0] if error.message else type(error).__name__
+        text = f"malformed HTTP request: {first_line}"
+        self._log.log(logging.WARNING, FRAMING, text[:MAX_LOGGED_CHARS], remote=str(remote))
+
+
+class FramingErrors(logging.Filter):
+    """On aiohttp's server logger: a record caused by malformed HTTP becomes `Rejections.malformed_http`
+    (and is dropped); every other record, such as an unhandled exception in the gateway, passes."""
+
+    def __init__(self, rejections: Rejections) -> None:
+        super().__init__()
+        self._rejections = rejections
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        # aiohttp logs "Error handling request from %s" with the peer's address as the argument.
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        self._rejections.malformed_http(error, remote)
+        return False
