@@ -149,11 +149,8 @@ async def test_task_is_created_at_once_and_its_result_is_the_direct_one(legacy: 
     async with asyncio.timeout(60):
         marker = tmp_path / "marker"
         arguments = {"steps": 8, "delay": 0.25, "marker": str(marker)}
-        started = time.monotonic()
         task = await start_task(legacy, "slow_build", arguments, ttl=45_000)
-        elapsed = time.monotonic() - started
         assert "finished" not in marker_lines(marker), "the tool finished before CreateTaskResult came back"
-        assert elapsed < 1.5, f"CreateTaskResult took {elapsed:.2f} s for a 2 s tool"
         assert task["status"] == "working" and task["ttl"] == 45_000, task
         assert {"taskId", "createdAt", "lastUpdatedAt", "pollInterval"} <= set(task), task
 
