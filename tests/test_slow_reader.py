@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 import pytest
 
+from gateway.upstream.stdio import READ_AHEAD_BYTES
 from tests.conftest import ROOT, RunningGateway, start_gateway
 from tests.wire import LEGACY, MODERN, Client, wait_for_marker
 
@@ -46,9 +47,14 @@ retry_after_s = {RETRY_AFTER_S}
 line_limit_bytes = {LINE_LIMIT_BYTES}
 """
 
-WORST_CASE_BYTES = 3 * max(STREAM_BUFFER_BYTES, LINE_LIMIT_BYTES) + 2 * LINE_LIMIT_BYTES + 2 * LINE_LIMIT_BYTES
+PIPE_READ_BYTES = 256 * 1024
+"""What asyncio reads from a pipe at once (`_UnixReadPipeTransport.max_size`)."""
+
+PIPE_READ_AHEAD_BYTES = 2 * READ_AHEAD_BYTES + PIPE_READ_BYTES
+
+WORST_CASE_BYTES = 3 * max(STREAM_BUFFER_BYTES, LINE_LIMIT_BYTES) + 2 * LINE_LIMIT_BYTES + PIPE_READ_AHEAD_BYTES
 """docs/gateway.md "Buffered bytes": one stream, 3 * max(B, M) + 2 * M with M (the largest message) at
-most line_limit_bytes, plus its stdio process's pipe reader, 2 * line_limit_bytes."""
+most line_limit_bytes, plus its stdio process's pipe reader, twice its read-ahead limit plus one read."""
 
 MARGIN = 2
 """Python's allocator and the interpreter's own churn: the measured peak may be up to twice the bound."""

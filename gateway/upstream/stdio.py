@@ -14,9 +14,10 @@ the next request respawns it and, for a session, replays the recorded handshake 
 cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
 the upstream's failure listeners (readiness); the gateway itself keeps running.
 
-A line longer than `line_limit_bytes` is skipped without being held: a response whose id its head or
-tail shows fails its request alone (`gateway.protocol.oversized`); anything else is dropped, counted and
-logged. Neither stops the process.
+Stdout is read with a small read-ahead (`READ_AHEAD_BYTES`), whatever `line_limit_bytes` is; a longer
+line is assembled from pieces (`next_line`). A line longer than `line_limit_bytes` is skipped without
+being held: a response whose id its head or tail shows fails its request alone
+(`gateway.protocol.oversized`); anything else is dropped, counted and logged. Neither stops the process.
 """
 
 from __future__ import annotations
@@ -63,8 +64,12 @@ PINNED_STATE_TTL_S = 600.0
 STDERR_DRAIN_S = 0.5
 """How long an exited process's stderr is read on for its last line, which usually names the cause."""
 
-SKIP_PIECE_BYTES = 1024 * 1024
-"""The most of an over-long line copied at once while it is skipped."""
+READ_AHEAD_BYTES = 256 * 1024
+"""The limit of each process's stdout StreamReader. asyncio reads ahead up to twice its limit (plus one
+256 KiB pipe read) before it pauses the pipe, and a process whose client's stream is full (byte
+backpressure) holds that much unread: with the limit at `line_limit_bytes` (64 MiB) that was 128 MiB
+per process. So it is small and independent of the line limit; a longer line is assembled from pieces
+(`next_line`)."""
 
 RESPONSE_TOO_LARGE = "response_too_large"
 """`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
@@ -77,6 +82,70 @@ MAX_CAUSE_CHARS = 300
 _REQUEST_SCOPED = frozenset(
     {"notifications/message", "sampling/createMessage", "elicitation/create", "roots/list", "ping"}
 )
+
+
+@dataclass(slots=True, frozen=True)
+class OversizedLine:
+    """A line longer than the limit, read and dropped: its first `oversized.HEAD_BYTES`, its last
+    `oversized.TAIL_BYTES` and its size, the newline not counted."""
+
+    head: bytes
+    tail: bytes
+    size: int
+
+
+class _Pieces:
+    """A line read in pieces: held whole while it is at most `limit` bytes (the newline not counted),
+    past that only its head, tail and size. Only the last piece may end with the newline."""
+
+    __slots__ = ("_head", "_limit", "_pieces", "_tail", "size")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pieces: list[bytes] = []
+        self._head = b""
+        self._tail = b""
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        end = len(data) - data.endswith(b"\n")
+        if len(self._head) < oversized.HEAD_BYTES:
+            self._head += data[: min(end, oversized.HEAD_BYTES - len(self._head))]
+        self._tail = (self._tail + data[max(0, end - oversized.TAIL_BYTES) : end])[-oversized.TAIL_BYTES :]
+        self.size += end
+        if self.size <= self._limit:
+            self._pieces.append(data)
+        else:
+            self._pieces.clear()
+
+    def line(self) -> bytes | OversizedLine:
+        if self.size > self._limit:
+            return OversizedLine(self._head, self._tail, self.size)
+        return b"".join(self._pieces)
+
+
+async def next_line(reader: asyncio.StreamReader, limit: int) -> bytes | OversizedLine | None:
+    """The next line of `reader`, its newline included (a last line without one counts too); an
+    `OversizedLine` for one longer than `limit` bytes, which is read through without being held; None
+    at the end.
+
+    A line longer than the reader's own limit (its read-ahead) is assembled from the pieces the reader
+    gives up: asyncio's `LimitOverrunError` says how many buffered bytes hold no newline."""
+    pieces = _Pieces(limit)
+    while True:
+        try:
+            end = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError as exc:
+            pieces.add(await reader.readexactly(exc.consumed))
+            continue
+        except asyncio.IncompleteReadError as exc:  # the end of the stream
+            if not exc.partial and not pieces.size:
+                return None
+            end = exc.partial
+        if not pieces.size and len(end) <= limit:  # the usual case: the line fit in the read-ahead
+            return end
+        pieces.add(end)
+        return pieces.line()
 
 
 class UpstreamBusy(Overloaded):
@@ -157,7 +226,7 @@ class StdioProcess:
                 stderr=asyncio.subprocess.PIPE,
                 env=env,
                 cwd=self._config.cwd,
-                limit=self._config.line_limit_bytes,
+                limit=READ_AHEAD_BYTES,
                 start_new_session=True,
             )
         except OSError as exc:
@@ -254,15 +323,9 @@ class StdioProcess:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
         try:
-            while True:
-                try:
-                    line = await stdout.readuntil(b"\n")
-                except asyncio.IncompleteReadError as exc:  # the end; a last line without a newline counts
-                    if not exc.partial:
-                        break
-                    line = exc.partial
-                except asyncio.LimitOverrunError:
-                    await self._skip_oversized(stdout)
+            while (line := await next_line(stdout, self._config.line_limit_bytes)) is not None:
+                if isinstance(line, OversizedLine):
+                    self._skipped(line)
                     continue
                 try:
                     message = orjson.loads(line)
@@ -278,35 +341,13 @@ class StdioProcess:
         finally:
             await self._on_exit()
 
-    async def _skip_oversized(self, stdout: asyncio.StreamReader) -> None:
-        """Skip a line longer than line_limit_bytes, holding only its head and tail: a response whose id
-        they show fails its request alone; anything else is dropped. The process and its other requests
-        go on."""
-        # The buffer holds more than the limit of this line, none of it a newline: this returns at once.
-        head = await stdout.read(oversized.HEAD_BYTES)
-        size, tail = len(head), b""
-
-        def skipped(data: bytes) -> None:
-            nonlocal size, tail
-            size += len(data)
-            tail = (tail + data[-oversized.TAIL_BYTES :])[-oversized.TAIL_BYTES :]
-
-        while True:
-            try:
-                skipped((await stdout.readuntil(b"\n"))[:-1])
-                break
-            except asyncio.LimitOverrunError as exc:  # no newline within the limit yet: drop what is buffered
-                remaining = exc.consumed
-                while remaining > 0:  # in pieces, so no copy of the whole buffer is ever made
-                    piece = await stdout.read(min(remaining, SKIP_PIECE_BYTES))
-                    remaining -= len(piece)
-                    skipped(piece)
-            except asyncio.IncompleteReadError as exc:  # the process ended mid-line
-                skipped(exc.partial)
-                break
+    def _skipped(self, line: OversizedLine) -> None:
+        """A line longer than line_limit_bytes was skipped: a response whose id its head or tail shows
+        fails its request alone; anything else is dropped. The process and its other requests go on."""
+        size = line.size
         self._answered = True
         limit = self._config.line_limit_bytes
-        upstream_id = oversized.response_id(head, tail)
+        upstream_id = oversized.response_id(line.head, line.tail)
         route = self._forget(upstream_id) if upstream_id is not None else None
         outcome = "request_failed" if route is not None else "dropped"
         self._metrics.upstream_oversized_lines.labels(outcome=outcome).inc()

@@ -12,6 +12,8 @@ Tools:
 * ``never_answers(marker)``: appends ``started`` to the file ``marker``, then never answers; when the request is
   cancelled (a ``notifications/cancelled``, or a dropped 2026-07-28 POST) it appends ``cancelled``;
 * ``oversized(size)``: answers with a text of ``size`` bytes (a response line longer than that);
+* ``large(size)``: answers with a text of ``size`` bytes that no two offsets share (``patterned(size)``), to
+  show it arrives intact;
 * ``oversized_log(size)``: sends an ``info`` log whose data is ``size`` bytes, then answers ``logged``;
 * ``hold(key, marker="")``: appends ``holding <key>`` to ``marker`` (if given), and answers ``released <key>`` once
   ``release(key)`` was called (in the same process);
@@ -54,6 +56,18 @@ async def never_answers(marker: str) -> str:
 async def oversized(size: int) -> str:
     """A text of `size` bytes."""
     return "x" * size
+
+
+def patterned(size: int) -> str:
+    """`size` characters: the decimal offsets 0, 8, 16, ... each padded to 8 digits, so a piece lost,
+    doubled or moved changes the text."""
+    return "".join(f"{offset:08d}" for offset in range(0, size, 8))[:size]
+
+
+@mcp.tool(structured_output=False)
+async def large(size: int) -> str:
+    """The `patterned` text of `size` bytes."""
+    return patterned(size)
 
 
 @mcp.tool()
