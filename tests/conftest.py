@@ -92,7 +92,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _stop_popen(proc: subprocess.Popen[bytes]) -> None:
+def stop_popen(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, wait, SIGKILL the process group (the child was started in its own session)."""
     if proc.poll() is None:
         proc.terminate()
@@ -141,7 +141,7 @@ def example_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _wait_for_port_sync(proc, "127.0.0.1", port, READY_TIMEOUT, log)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        _stop_popen(proc)
+        stop_popen(proc)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.upstream.base import Exchange
 from gateway.upstream.http import HttpChannel, HttpUpstream
+from tests.conftest import stop_popen
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,12 +73,7 @@ def probe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_popen(proc)
 
 
 async def make_upstream(url: str, metrics: Metrics | None = None, **config: Any) -> HttpUpstream:

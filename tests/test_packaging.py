@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, http_status
+from tests.conftest import free_port, http_status, stop_popen
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -248,12 +248,7 @@ def served(installed: Venv, docker: list[tuple[str, str]], tmp_path: Path) -> It
     try:
         yield port, log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_popen(proc)
         tail = log.read_text(encoding="utf-8", errors="replace")
         assert "Traceback" not in tail, tail
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import READY_TIMEOUT, ROOT, free_port, http_status
+from tests.conftest import READY_TIMEOUT, ROOT, free_port, http_status, stop_popen
 
 README = ROOT / "README.md"
 MARKER = "<!-- runnable -->"
@@ -118,12 +118,7 @@ def gateway_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
             time.sleep(0.1)
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_popen(proc)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[example.name for example in EXAMPLES])
