@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 
 from gateway import __version__
+from gateway.events.capture import RECORDED_AT_KEY
 from gateway.protocol.envelope import NAME_PARAM
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 from gateway.sse import SseError, SseParser
@@ -45,8 +46,6 @@ EVENTS_GONE_CODE = -32010
 INVALID_PARAMS = -32602
 REQUEST_CANCELLED = -32800
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
-RECORDED_AT_KEY = "io.github.mcp-task-gateway/recordedAt"
-"""`params._meta` key of an event's recording time (UTC ISO 8601, ms): mcp-task-gateway sends it."""
 
 
 def recorded_at(event: Mapping[str, Any]) -> datetime | None:
