@@ -55,8 +55,6 @@ MAX_INPUT_ROUNDS = 32
 """How many times a 2026-07-28 task's call may answer `input_required` before the task fails."""
 STATE_ONLY_RETRY_S = 0.2
 """Pause before retrying an `input_required` round that asks for nothing (only `requestState`)."""
-DETAILED_TASK_KEYS = ("inputRequests", "result", "error")
-"""What a DetailedTask (tasks/get) adds to a Task (CreateTaskResult)."""
 SUMMARY_TEXT_CHARS = 200
 """Request texts (an elicitation's message) are cut to this many characters in input events."""
 
@@ -507,8 +505,7 @@ class HostedTasks:
 
     def modern_created(self, task: Task, request_id: RequestId) -> Message:
         """CreateTaskResult: the Task as it is now, without what tasks/get adds (the outcome, inputRequests)."""
-        view = {key: value for key, value in task.modern_view().items() if key not in DETAILED_TASK_KEYS}
-        return result_message(request_id, {"resultType": "task", **view})
+        return result_message(request_id, {"resultType": "task", **task.modern_task()})
 
 
 def related_outcome(task: Task, request_id: RequestId) -> Message:

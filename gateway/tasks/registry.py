@@ -179,11 +179,9 @@ class Task:
             view["statusMessage"] = self.status_message
         return view
 
-    def modern_view(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) DetailedTask: `inputRequests` while input_required (the outstanding
-        ones), the outcome inlined once terminal."""
-        outcome = self.outcome
-        view: dict[str, Any] = {
+    def modern_task(self) -> dict[str, Any]:
+        """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
+        task: dict[str, Any] = {
             "taskId": self.id,
             "status": self.status.value,
             "createdAt": self.created_at,
@@ -192,12 +190,19 @@ class Task:
             "pollIntervalMs": self.poll_interval_ms,
         }
         if self.status_message is not None:
-            view["statusMessage"] = self.status_message
+            task["statusMessage"] = self.status_message
+        return task
+
+    def modern_view(self) -> dict[str, Any]:
+        """The 2026-07-28 (SEP-2663) DetailedTask: the Task, with `inputRequests` while input_required (the
+        outstanding ones) and the outcome inlined once terminal."""
+        view = self.modern_task()
         if self.status is TaskStatus.INPUT_REQUIRED:
             view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
+        outcome = self.outcome if self.terminal and self.status is not TaskStatus.CANCELLED else None
         if outcome is not None and self.status is TaskStatus.COMPLETED and "result" in outcome:
             view["result"] = outcome["result"]
-        if outcome is not None and self.status is not TaskStatus.CANCELLED and "error" in outcome:
+        if outcome is not None and "error" in outcome:
             # A failure, or a completed task whose result the gateway could not keep (it says why).
             view["error"] = outcome["error"]
         return view
