@@ -117,6 +117,8 @@ def depth_exceeds(value: object, max_depth: int) -> bool:
     # Level by level: each pass keeps the containers one level deeper (no per-node depth bookkeeping).
     level = [value] if isinstance(value, dict | list) else []
     for _ in range(max_depth):
+        if not level:  # the whole value is shallower than the limit
+            return False
         level = [
             child
             for node in level
