@@ -90,6 +90,8 @@ class Target:
             assert content_type.startswith("application/json"), (status, content_type, raw[:300])
             error = orjson.loads(raw)["error"]
             assert error["code"] in JSONRPC_CODES and isinstance(error["message"], str) and error["message"], error
+            # The one 5xx allowed: a documented ceiling (mutated initializes open sessions and processes).
+            assert status != 503 or error["data"]["reason"] == "overloaded", error
         session = response_headers.get("Mcp-Session-Id")
         if session is not None and session != self.legacy.session_id:
             # A mutated message that was still a valid initialize opened a session (and a process): end it.
