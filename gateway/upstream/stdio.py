@@ -568,6 +568,10 @@ class StdioChannel(UpstreamChannel):
             self._process.unsolicited = handler
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def reusable(self) -> bool:
         """Open, and no request was abandoned or is still in flight on it whose late output could reach
         the next one."""
@@ -693,18 +697,20 @@ class StdioUpstream(Upstream):
     @asynccontextmanager
     async def stateless(self, affinity: str | None = None) -> AsyncIterator[UpstreamChannel]:
         channel = self._pinned.get(affinity) if affinity is not None else None
-        if channel is None or not channel.reusable:
+        # A pinned process holds state only it knows (a task, a signed requestState): a request for it
+        # waits its turn there even while another request is in flight on it; any other process would
+        # answer "unknown".
+        if channel is None or channel.closed:
             channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
         elif channel in self._idle:
             self._idle.remove(channel)
         try:
-            # A pinned process may be serving another request: a retry waits its turn on it.
             async with asyncio.timeout(self._config.acquire_timeout_s):
                 await channel.lease.acquire()
         except TimeoutError:
             raise UpstreamBusy(
                 "upstream.stdio.acquire_timeout_s",
-                "the upstream process that issued this requestState stayed busy",
+                "the upstream process that holds this task or requestState stayed busy",
                 "retry the same request later",
             ) from None
         try:
