@@ -206,6 +206,11 @@ class Task:
             self.done.set()
         self.record("task.status", {"status": status} | ({"statusMessage": message} if message else {}))
 
+    def cancel(self, message: str) -> None:
+        """Stop the tool and end the task ``cancelled``."""
+        self.scope.cancel()
+        self.update("cancelled", message)
+
     def wire(self, era: str) -> dict[str, Any]:
         """The Task object: SEP-1686 fields at 2025-11-25; SEP-2663's, with the outcome inlined, at 2026-07-28."""
         out: dict[str, Any] = {"taskId": self.task_id, "status": self.status}
@@ -255,9 +260,11 @@ def connection_of(ctx: ServerRequestContext[Any, Any]) -> Hashable:
     return headers.get("mcp-session-id") or object()
 
 
-def _cursor(after: Any, task: Task) -> int | None:
-    if after is None:
+def _cursor(params: StreamParams, task: Task) -> int | None:
+    """The validated ``after``: absent is None; present, it must be a non-negative integer (null included)."""
+    if "after" not in params.model_fields_set:
         return None
+    after = params.after
     if not isinstance(after, int) or isinstance(after, bool) or after < 0:
         raise MCPError(INVALID_PARAMS, f"after must be a non-negative integer, got {json.dumps(after)}")
     if after >= task.log.next_seq:
@@ -398,8 +405,7 @@ class NativeTasks(Extension):
         task = self.find_task(ctx, params.task_id)
         if ctx.protocol_version == LEGACY and task.terminal:
             raise MCPError(INVALID_PARAMS, f"Task {task.task_id} is already {task.status}")
-        task.scope.cancel()
-        task.update("cancelled", "cancelled by the client")
+        task.cancel("cancelled by the client")
         return task.wire(LEGACY) if ctx.protocol_version == LEGACY else {}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: TaskRef) -> dict[str, Any]:
@@ -412,7 +418,7 @@ class NativeTasks(Extension):
     async def stream(self, ctx: ServerRequestContext[Any, Any], params: StreamParams) -> dict[str, Any]:
         """Replay the retained events after the cursor, then the live ones, then the empty result."""
         task = self.stream_task(ctx, params.task_id)
-        after = _cursor(params.after, task)
+        after = _cursor(params, task)
         key = (connection_of(ctx), task.task_id)
         self.claim_stream(key)
         try:
