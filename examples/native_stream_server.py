@@ -61,6 +61,7 @@ from mcp.server.mcpserver import Context, Extension, MCPServer, MethodBinding, r
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, Notification, PaginatedRequestParams, RequestParams
 from pydantic import BaseModel, Field
+from starlette.requests import Request
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
@@ -73,6 +74,8 @@ EVENTS_GONE = -32010
 DEFAULT_TTL_MS = 60_000
 MAX_TTL_MS = 3_600_000
 POLL_INTERVAL_MS = 500
+DISCONNECT_CHECK_S = 0.5
+"""How often an idle stream checks whether its client is still there."""
 ANONYMOUS = "anonymous"
 
 
@@ -258,6 +261,14 @@ def connection_of(ctx: ServerRequestContext[Any, Any]) -> Hashable:
     if headers is None:
         return "stdio"
     return headers.get("mcp-session-id") or object()
+
+
+async def client_gone(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether the HTTP client of this request has dropped the connection. At 2025-11-25 the SDK neither
+    cancels the handler nor fails its writes then, so without this check a dropped stream would stay
+    active (and refuse the client's resume on the same session) until its task ended."""
+    request = ctx.request
+    return isinstance(request, Request) and await request.is_disconnected()
 
 
 def _cursor(params: StreamParams, task: Task) -> int | None:
@@ -448,7 +459,10 @@ class NativeTasks(Extension):
                 await ctx.session.report_progress(delivered, None, f"{delivered} events delivered")
             if task.terminal and seq >= task.log.next_seq:
                 return
-            await grown.wait()
+            with anyio.move_on_after(DISCONNECT_CHECK_S):
+                await grown.wait()
+            if await client_gone(ctx):
+                return
 
     # The seams: each is one rule of SEP-2694, and each broken variant overrides exactly one of them.
 

@@ -241,6 +241,27 @@ async def test_one_stream_per_task_per_session_and_cancelling_it_leaves_the_task
     assert status == "working"
 
 
+async def test_a_dropped_stream_frees_its_slot_and_resumes_on_the_same_session(connect: Connect) -> None:
+    """A 2025-11-25 client that just drops the connection (no cancel) can resume on the same session."""
+    async with asyncio.timeout(TEST_TIMEOUT):
+        client = await connect()
+        async with running(client) as task_id:
+            dropped = await client.open("tasks/stream", {"taskId": task_id})
+            await first_event(dropped)
+            dropped.close()  # closes the TCP connection, sends nothing
+            while True:  # the server notices the drop at its next check; until then the slot is taken
+                resumed = await client.open("tasks/stream", {"taskId": task_id, "after": 0})
+                first = await resumed.next()
+                if first is not None and first.get("method") == "notifications/tasks/event":
+                    break
+                assert first is not None and "already has an active" in first["error"]["message"], first
+                await asyncio.sleep(0.1)
+            resumed.close()
+            status = (await client.result("tasks/get", {"taskId": task_id}))["status"]
+    assert first["params"]["seq"] == 1
+    assert status == "working"
+
+
 async def test_progress_on_the_streams_own_token_is_not_a_task_event(connect: Connect) -> None:
     async with asyncio.timeout(TEST_TIMEOUT):
         client = await connect()
