@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +27,8 @@ from mcp import Client as SdkClient
 from mcp.client.extension import ClientExtension, NotificationBinding
 from pydantic import BaseModel, ConfigDict
 
-from tests.conftest import ROOT, serve_http
+from examples.native_stream_server import Retention, TaskLog
+from tests.conftest import ROOT, serve_http, stop_process
 from tests.wire import LEGACY, MODERN, RELATED_TASK, TASKS_EXTENSION, Client, Message, Reply, seqs, task_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -348,6 +351,64 @@ async def test_the_official_sdk_client_streams_a_task(connect: Connect, url: str
     # The SDK dispatches bound notifications independently, so only the set (not the order) is its to keep.
     assert sorted(e.seq for e in collector.events) == list(range(len(SHORT_TYPES)))
     assert {e.taskId for e in collector.events} == {task_id}
+
+
+async def test_stdio_serves_tasks_and_streams() -> None:
+    """One task and its stream over stdio (raw JSON lines; the SDK client cannot send a 2025-11-25 task)."""
+    proc = await asyncio.create_subprocess_exec(
+        *NATIVE, "--stdio", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+
+    async def call(request_id: int, method: str, params: dict[str, Any]) -> list[Message]:
+        """Send a request; every message up to and including its response."""
+        stdin.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode())
+        stdin.write(b"\n")
+        messages = [json.loads(await stdout.readline())]
+        while messages[-1].get("id") != request_id:
+            messages.append(json.loads(await stdout.readline()))
+        return messages
+
+    try:
+        async with asyncio.timeout(TEST_TIMEOUT):
+            hello = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+            assert "tasks" in (await call(1, "initialize", hello))[-1]["result"]["capabilities"]
+            stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+            created = await call(2, "tools/call", {"name": "slow_build", "arguments": SHORT, "task": {}})
+            task_id = created[-1]["result"]["task"]["taskId"]
+            streamed = await call(3, "tasks/stream", {"taskId": task_id})
+    finally:
+        await stop_process(proc)
+    assert seqs(streamed) == list(range(len(SHORT_TYPES))) and streamed[-1]["result"] == {}
+
+
+async def test_retention_drops_the_oldest_by_count_age_and_terminal_time() -> None:
+    by_count = TaskLog(Retention(max_events_per_task=3))
+    for i in range(5):
+        by_count.append(f"{PREFIX}n", {"i": i})
+    assert (by_count.earliest_seq, [e.seq for e in by_count.read_from(0)]) == (2, [2, 3, 4])
+
+    by_age = TaskLog(Retention(max_event_age_s=0.05))
+    by_age.append(f"{PREFIX}n", {})
+    await asyncio.sleep(0.1)
+    assert (by_age.earliest_seq, by_age.read_from(0)) == (1, [])
+
+    after_the_end = TaskLog(Retention(terminal_retention_s=1.0))
+    after_the_end.append(f"{PREFIX}n", {})
+    after_the_end.ended_at = time.monotonic() - 2.0
+    assert (after_the_end.earliest_seq, after_the_end.read_from(0)) == (1, [])
+
+
+async def test_an_oversized_payload_is_recorded_as_omitted_keeping_seq_gap_free() -> None:
+    log = TaskLog(Retention(max_payload_bytes=20))
+    log.append(f"{PREFIX}log", {"data": "x" * 30})
+    log.append(f"{PREFIX}log", {"data": "ok"})
+    first, second = log.read_from(0)
+    assert (first.seq, first.type) == (0, f"{PREFIX}payload.omitted")
+    assert first.payload == {"originalType": f"{PREFIX}log", "size": 41, "limit": 20}
+    assert (second.seq, second.payload) == (1, {"data": "ok"})
 
 
 # --- the broken variants: each really has its defect -------------------------------------------------
