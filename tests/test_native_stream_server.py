@@ -304,6 +304,21 @@ async def test_the_2026_era_streams_the_same_way_and_needs_the_extension(connect
     assert refused["code"] == -32021
 
 
+async def test_closing_a_2026_stream_stops_it_and_the_task_runs_on(connect: Connect) -> None:
+    async with asyncio.timeout(TEST_TIMEOUT):
+        client = await connect(era=MODERN)
+        async with running(client) as task_id:
+            first = await client.open("tasks/stream", {"taskId": task_id})
+            await first_event(first)
+            first.close()  # the 2026-07-28 cancel: the POST goes away
+            again = await client.open("tasks/stream", {"taskId": task_id, "after": 0})
+            second = await first_event(again)
+            again.close()
+            status = (await client.result("tasks/get", {"taskId": task_id}))["status"]
+    assert second["params"]["seq"] == 1
+    assert status == "working"
+
+
 class EventParams(BaseModel):
     model_config = ConfigDict(extra="allow")
     seq: int
