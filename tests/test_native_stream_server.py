@@ -358,7 +358,7 @@ async def test_the_official_sdk_client_streams_a_task(connect: Connect, url: str
     collector = EventCollector()
     async with asyncio.timeout(TEST_TIMEOUT):
         task_id = await finished(await connect(), SHORT)  # tasks belong to the caller (anonymous), not the session
-        async with SdkClient(url, mode=mode, extensions=[collector]) as client:  # type: ignore[arg-type]
+        async with SdkClient(url, mode=mode, extensions=[collector]) as client:
             result = await client.session.send_request(
                 StreamRequest(params=StreamParams(task_id=task_id)), mcp_types.EmptyResult
             )
