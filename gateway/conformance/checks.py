@@ -72,10 +72,10 @@ class Verdicts:
             self._results[check_id] = Result(self._results[check_id].check, self.era, "skip", reason, list(evidence))
             self._decided.add(check_id)
 
-    def block(self, reason: str) -> None:
+    def block(self, reason: str, *evidence: dict[str, Any]) -> None:
         """Stop the run: `setup.run` fails with `reason`, and every check not yet decided is skipped with it."""
         self.blocked = self.blocked or reason
-        self.judge("setup.run", False, self.blocked)
+        self.judge("setup.run", False, self.blocked, *evidence)
 
     def results(self) -> list[Result]:
         self.judge("setup.run", True, "")
@@ -105,6 +105,19 @@ def type_is_prefixed(kind: str) -> bool:
         return bool(kind.split("/", 1)[0]) and bool(kind.split("/", 1)[1])
     labels = kind.split(".")
     return len(labels) >= 3 and all(labels)
+
+
+def not_a_task(created: Exchange) -> str:
+    """Why a tools/call made no task, for the reason of `setup.run`."""
+    error = created.error
+    if error is not None:
+        return f"was refused: {error.get('code')} {error.get('message')!r}"
+    if created.problem:
+        return f"got no answer: {created.problem}"
+    return (
+        "answered without a task: give --tool/--args for a tool that runs as a task long enough "
+        "(a 2026-07-28 server may answer a short call directly)"
+    )
 
 
 def empty_result(result: dict[str, Any] | None, era: Era) -> bool:
@@ -169,11 +182,7 @@ class Scenario:
     async def live_task(self) -> tuple[str | None, Exchange | None]:
         task_id, created = await self.probe.start_task(self.target.tool, self.target.arguments)
         if task_id is None:
-            self.v.block(
-                f"tools/call {self.target.tool!r} did not create a task; give --tool/--args for a tool that runs "
-                f"as a task long enough (2026-07-28 servers may answer a short call directly): "
-                f"{orjson.dumps(created.evidence(), default=repr).decode()}"
-            )
+            self.v.block(f"tools/call {self.target.tool!r} {not_a_task(created)}", created.evidence())
             return None, None
         live = await self.probe.stream(task_id)
         if live.error_code() == METHOD_NOT_FOUND:
@@ -193,8 +202,9 @@ class Scenario:
         elif seqs[0] != 0 and self.may_have_dropped(seqs):
             self.v.skip(
                 "seq.starts_at_zero",
-                f"the live stream starts at seq {seqs[0]!r}, but the task had more events than the advertised "
-                f"maxEventsPerTask {self.retention.get('maxEventsPerTask')} before it began: the first were dropped",
+                f"the live stream starts at seq {seqs[0]!r}, and the task has more events than the advertised "
+                f"maxEventsPerTask ({self.retention.get('maxEventsPerTask')}): the first may have been dropped "
+                f"before the stream opened",
                 live.evidence(),
             )
         else:
@@ -455,7 +465,7 @@ class Scenario:
         task_id, created = await self.probe.start_task(self.target.tool, self.target.arguments)
         if task_id is None:
             for check_id in ("stream.one_per_task", "cancel.task_survives"):
-                self.v.skip(check_id, "a second task could not be started", created.evidence())
+                self.v.skip(check_id, f"a second tools/call {not_a_task(created)}", created.evidence())
             return
         first = await self.probe.open(self.probe.stream_message(task_id))
         delivering = await first.read_until(lambda message: message.get("method") == "notifications/tasks/event")
