@@ -99,8 +99,9 @@ CHECKS: tuple[Check, ...] = (
         "request.task_id",
         "request validation",
         "MUST",
-        "taskId: string — the task whose events should be streamed (a malformed request is -32602 Invalid params).",
-        "tasks/stream without `taskId`, and with `taskId: 42`, each gets a -32602 error and no event (2026-07-28: "
+        "params: { taskId: string; after?: integer } — taskId: the task whose events should be streamed.",
+        "tasks/stream without `taskId`, and with `taskId: 42`, each gets JSON-RPC's -32602 (Invalid params) and no "
+        "event (2026-07-28: "
         "without `taskId` there is no `Mcp-Name` to send, so the header check's 400 / -32020 is accepted too).",
     ),
     Check(
