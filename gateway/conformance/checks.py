@@ -173,7 +173,7 @@ class Scenario:
         self.v.judge(
             "capability.retention_fields",
             not wrong,
-            f"{where} lacks or mistypes {', '.join(wrong)} (non-negative integers)" if wrong else where,
+            f"{where} lacks or mistypes {', '.join(wrong)} (non-negative integers)",
             {"advertised": clip(advertised)},
         )
 
