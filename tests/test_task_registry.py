@@ -173,3 +173,32 @@ async def test_an_oversized_result_counts_only_its_small_error_against_the_budge
 def test_max_result_bytes_must_fit_the_budget() -> None:
     with pytest.raises(ValueError, match="max_result_bytes must not exceed results_budget_bytes"):
         Config.model_validate({"retention": {"max_result_bytes": 2000, "results_budget_bytes": 1000}})
+
+
+async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task() -> None:
+    tasks = registry()
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    await tasks.set_status(task, TaskStatus.COMPLETED, "done", outcome=text_result(3))
+    stored = await tasks.store.get("a", task.id)
+    assert stored is not None
+    assert (stored.status, stored.status_message, stored.dialect) == (TaskStatus.COMPLETED, "done", DIALECT)
+    assert stored.outcome_summary == {
+        "status": "completed",
+        "isError": False,
+        "content": [{"type": "text", "bytes": 3}],
+    }
+    assert stored.next_seq == (await tasks.bounds(task)).next_seq == 3  # created, status, terminal
+    assert await tasks.store.outcome(task.id) == orjson.dumps(text_result(3))
+
+
+async def test_a_status_change_another_writer_got_to_first_loses_and_records_nothing() -> None:
+    tasks = registry()
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    # Another writer (a second replica, say) ends the task in the store behind this process's back.
+    assert await tasks.store.update_status(task.id, TaskStatus.WORKING, TaskStatus.CANCELLED, None, "T1")
+    assert not await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(3))
+    stored = await tasks.store.find(task.id)
+    assert stored is not None and stored.status is TaskStatus.CANCELLED
+    assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
+    assert (await tasks.bounds(task)).next_seq == 1  # only task.created
+    assert not task.done.is_set()

@@ -33,9 +33,6 @@ class MemoryTaskStore(TaskStore):
         often than anyone reads a record, and written into the record on its next read."""
         self._last_number = 0
 
-    def __len__(self) -> int:
-        return len(self._records)
-
     async def create(self, record: TaskRecord) -> None:
         if record.id in self._records:
             raise TaskExists(f"a task with id {record.id!r} exists")
