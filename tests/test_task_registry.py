@@ -15,7 +15,7 @@ from gateway.protocol.era import Era
 from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import related_outcome
 from gateway.tasks.records import TaskStatus
-from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, outcome_cap
+from gateway.tasks.registry import SUMMARY_LIMIT_BYTES, Task, TaskLimitReached, TaskRegistry, outcome_cap
 
 DIALECT = Era.LEGACY.value
 
@@ -202,3 +202,18 @@ async def test_a_status_change_another_writer_got_to_first_loses_and_records_not
     assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
     assert (await tasks.bounds(task)).next_seq == 1  # only task.created
     assert not task.done.is_set()
+
+
+async def test_a_large_outcome_summary_is_kept_in_the_record_only_as_its_status_and_size() -> None:
+    tasks = registry()
+    blocks = {"result": {"content": [{"type": "text", "text": "x"}] * 100}}
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    await tasks.set_status(task, TaskStatus.COMPLETED, outcome=blocks)
+    events = await tasks.log.read(task.id, -1, 10)
+    terminal = orjson.loads(b"{" + events[-1].body + b"}")["payload"]
+    assert len(terminal["content"]) == 100  # the terminal event says it all
+    size = len(orjson.dumps(terminal))
+    assert size > SUMMARY_LIMIT_BYTES
+    stored = await tasks.store.get("a", task.id)
+    assert stored is not None
+    assert stored.outcome_summary == {"status": "completed", "omitted": {"size": size, "limit": SUMMARY_LIMIT_BYTES}}

@@ -68,7 +68,8 @@ class TaskRecord:
     status_message: str | None = None
     outcome_summary: dict[str, Any] | None = None
     """Once terminal: the outcome's shape (status, error code/message, content types and sizes), the
-    payload of the task's terminal event; the outcome itself is kept by the store beside the record."""
+    payload of the task's terminal event, bounded by the registry; the outcome itself is kept by the
+    store beside the record."""
     upstream: UpstreamTaskRef | None = None
     """For a task the upstream hosts (pass-through); None for a gateway-hosted one."""
     next_seq: int = 0

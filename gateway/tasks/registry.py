@@ -45,6 +45,9 @@ RESULT_EVICTED = "result_evicted"
 OUTCOME_OVERHEAD_BYTES = 1024
 """What a kept outcome may add to `max_result_bytes`: the `{"result": …}` wrapper, or the error kept
 instead of a result too large or evicted."""
+SUMMARY_LIMIT_BYTES = 1024
+"""The largest outcome summary a record keeps (bytes of JSON): a record lives as long as its task, and
+a summary grows with the result's content blocks and error message."""
 
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
@@ -377,7 +380,7 @@ class TaskRegistry:
             message,
             updated_at or iso_now(),
             outcome=encoded,
-            outcome_summary=summary,
+            outcome_summary=summary if summary is None else bounded_summary(summary),
         )
         if record is None:
             return False
@@ -504,6 +507,15 @@ def evicted_outcome(size: int, budget: int) -> Message:
     )
     data = {"reason": RESULT_EVICTED, "size": size, "budget": budget}
     return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
+
+
+def bounded_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of a terminal summary: all of it within `SUMMARY_LIMIT_BYTES` of JSON, else
+    its status and how large it was."""
+    size = len(orjson.dumps(summary))
+    if size <= SUMMARY_LIMIT_BYTES:
+        return summary
+    return {"status": summary["status"], "omitted": {"size": size, "limit": SUMMARY_LIMIT_BYTES}}
 
 
 def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:
