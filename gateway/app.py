@@ -11,6 +11,8 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import assert_never
 
 from aiohttp import web
 from aiohttp.log import server_logger
@@ -24,14 +26,16 @@ from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
 from gateway.edge.task_routes import TaskRoutes
 from gateway.events.capture import Capture
-from gateway.events.log import MemoryEventLog
+from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
+from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.registry import TaskRegistry, outcome_cap
+from gateway.tasks.store import TaskStore
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -52,6 +56,27 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     if upstream.command:
         return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """Where task records and event logs live: one `[store] kind` provides both."""
+
+    tasks: TaskStore
+    log: EventLog
+
+    async def close(self) -> None:
+        await self.log.close()
+        await self.tasks.close()
+
+
+def build_stores(config: Config) -> Stores:
+    """The stores `[store] kind` names: the one place that knows the kinds."""
+    retention = config.retention
+    kind = config.store.kind
+    if kind == "memory":
+        return Stores(MemoryTaskStore(outcome_cap(retention)), MemoryEventLog(retention.max_events_per_task))
+    assert_never(kind)
 
 
 @web.middleware
@@ -99,10 +124,10 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.session_handshake_timeout_s,
         config.server.session_process_idle_s,
     )
-    event_log = MemoryEventLog(config.retention.max_events_per_task)
+    stores = build_stores(config)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(
-        config.tasks, config.retention, event_log, capture, metrics, record_events=config.events.enabled
+        config.tasks, config.retention, stores.tasks, stores.log, capture, metrics, record_events=config.events.enabled
     )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
@@ -180,7 +205,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await passthrough.stop()
         await sessions.stop()
         await upstream.close()
-        await event_log.close()
+        await stores.close()
         server_logger.removeFilter(framing_errors)
 
     app.router.add_route("*", config.server.path, endpoint.handle)

@@ -20,9 +20,10 @@ from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
+from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks import passthrough as passthrough_module
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import Task, TaskRegistry
+from gateway.tasks.registry import Task, TaskRegistry, outcome_cap
 from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
 
 RELATED = "io.modelcontextprotocol/related-task"
@@ -77,7 +78,8 @@ class Unreachable(UpstreamChannel, Upstream):
 async def setup() -> tuple[Passthrough, Unreachable]:
     config = Config.model_validate({"tasks": {"upstream_poll_min_ms": 3_600_000, "upstream_poll_max_ms": 3_600_000}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    registry = TaskRegistry(config.tasks, config.retention, MemoryEventLog(1000), capture, Metrics())
+    store = MemoryTaskStore(outcome_cap(config.retention))
+    registry = TaskRegistry(config.tasks, config.retention, store, MemoryEventLog(1000), capture, Metrics())
     channel = Unreachable()
     passthrough = Passthrough(registry, channel, config.tasks, Metrics())
     channel.tap = passthrough.observe  # as the endpoint sets it on a conversation whose upstream has tasks
