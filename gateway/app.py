@@ -99,7 +99,12 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.session_handshake_timeout_s,
         config.server.session_process_idle_s,
     )
-    event_log = MemoryEventLog(config.retention.max_events_per_task)
+    event_log = MemoryEventLog(
+        config.retention.max_events_per_task,
+        max_event_age_s=config.retention.max_event_age_s,
+        # A deleted log's tombstone keeps its next_seq as long as the task's record may still ask.
+        tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
+    )
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(
         config.tasks, config.retention, event_log, capture, metrics, record_events=config.events.enabled

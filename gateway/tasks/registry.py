@@ -2,11 +2,12 @@
 
 A task belongs to the caller that created it (`owner`), never to a transport session, so any later
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
-that it exists. Status changes go through `set_status`, which records the lifecycle event in the
-task's log before anyone can observe the new status, and keeps a terminal outcome within
-`[retention] max_result_bytes`. All kept outcomes together stay within `results_budget_bytes`: the
-oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
-runs out; their event logs `terminal_retention_s` after they end (whichever comes first).
+that it exists. Status changes go through `set_status`, which writes the lifecycle events in one log
+call (sealing the log when the status is terminal) before anyone can observe the new status, and
+keeps a terminal outcome within `[retention] max_result_bytes`. All kept outcomes together stay within
+`results_budget_bytes`: the oldest are evicted first, each eviction recorded in its task's log. Tasks
+are dropped when their TTL runs out; their event logs `terminal_retention_s` after they end (whichever
+comes first), leaving the log's tombstone. The log trims itself per task (count and age).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import orjson
 
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
-from gateway.events.log import EventLog, LogBounds
+from gateway.events.log import EventLog, LogBounds, LogSealed
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -128,8 +129,6 @@ class Task:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
-    deleted_log_next_seq: int = 0
-    log_deleted: bool = False
     open_streams: int = 0
     on_input: InputListener | None = None
     pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
@@ -287,18 +286,22 @@ class TaskRegistry:
         return self._tasks.get(task_id) if isinstance(task_id, str) else None
 
     async def bounds(self, task: Task) -> LogBounds:
-        """The task's log bounds; after retention deleted the log, empty but still counting."""
+        """The task's log bounds; after retention deleted the log, its tombstone's (empty, still counting)."""
         bounds = await self.log.bounds(task.id)
-        return bounds if bounds is not None else LogBounds(None, task.deleted_log_next_seq)
+        return bounds if bounds is not None else LogBounds(None, 0)  # unreachable: the tombstone outlives the task
 
     def owned_by(self, owner: str) -> list[Task]:
         return [task for task in self._tasks.values() if task.owner == owner]
 
-    async def record(self, task: Task, *events: TaskEvent) -> None:
-        # With [events] enabled = false nothing is kept; and a deleted log must not restart at seq 0.
-        if not self._record_events or task.log_deleted:
+    async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
+        """Append `events` to the task's log; dropped once the log is sealed (the task ended: the stream
+        is over) or deleted, unless an `epilogue` (the gateway's note on an ended task's kept result)."""
+        if not self._record_events:  # [events] enabled = false: nothing is kept
             return
-        await self.log.append(task.id, [self.capture.encode(event) for event in events])
+        try:
+            await self.log.append(task.id, [self.capture.encode(event) for event in events], epilogue=epilogue)
+        except LogSealed:
+            log.debug("event not recorded: the task's log is sealed", extra={"task": task.id})
 
     async def set_status(
         self,
@@ -314,39 +317,47 @@ class TaskRegistry:
         within `max_result_bytes` and, evicting the oldest kept outcomes, `results_budget_bytes`."""
         if task.terminal:
             return False
+        detail = {"statusMessage": message} if message is not None else {}
+        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        kept: tuple[Message, bytes] | None = None
+        if status.terminal:
+            kept = bounded(outcome, self._retention.max_result_bytes) if outcome is not None else None
+            events.append(
+                self.capture.lifecycle("task.terminal", **summarize(status, kept[0] if kept is not None else None))
+            )
+        # The events (and, once terminal, the seal) in one log call, before the status changes: no
+        # reader sees the new status without its events, or the stream's end without the last event.
+        bodies = [self.capture.encode(event) for event in events] if self._record_events else []
+        with contextlib.suppress(LogSealed):  # retention deleted the log: the record still changes
+            await self.log.append(task.id, bodies, seal=status.terminal)
+        if task.terminal:
+            return False  # another terminal status won while the log was being written
         task.status = status
         task.status_message = message
         task.last_updated_at = updated_at or iso_now()
-        detail = {"statusMessage": message} if message is not None else {}
-        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         evicted: list[tuple[Task, int]] = []
         if status.terminal:
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
-            kept, evicted = self._keep(task, outcome)
+            if kept is not None:
+                evicted = self._keep(task, kept[1], too_large=kept[0] is not outcome)
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, kept)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
-        # Status first, then the events: a stream that wakes on the append already sees it terminal.
-        await self.record(task, *events)
-        if status.terminal:
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
         budget = self._retention.results_budget_bytes
         for victim, size in evicted:
-            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
+            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget), epilogue=True)
         return True
 
-    def _keep(self, task: Task, outcome: Message | None) -> tuple[Message | None, list[tuple[Task, int]]]:
-        """Keep `task`'s outcome (within `max_result_bytes`), first evicting the oldest kept outcomes
-        until it fits the budget; what is kept, and the tasks evicted with the bytes each gave up. No
-        await: the budget's bookkeeping is never seen half done."""
-        if outcome is None:
-            return None, []
-        kept, task.kept_outcome = bounded(outcome, self._retention.max_result_bytes)
-        if kept is not outcome:
+    def _keep(self, task: Task, kept: bytes, *, too_large: bool) -> list[tuple[Task, int]]:
+        """Keep `task`'s outcome (`kept`, as `bounded` made it), first evicting the oldest kept outcomes
+        until it fits the budget; the tasks evicted, with the bytes each gave up. No await: the budget's
+        bookkeeping is never seen half done."""
+        task.kept_outcome = kept
+        if too_large:
             self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
-        size = len(task.kept_outcome)
+        size = len(kept)
         budget = self._retention.results_budget_bytes
         evicted: list[tuple[Task, int]] = []
         while self._kept and self.kept_bytes + size > budget:
@@ -359,7 +370,7 @@ class TaskRegistry:
         self._kept[task.id] = size
         self.kept_bytes += size
         self._metrics.kept_result_bytes.set(self.kept_bytes)
-        return kept, evicted
+        return evicted
 
     def _forget_outcome(self, task_id: str) -> None:
         size = self._kept.pop(task_id, None)
@@ -377,30 +388,20 @@ class TaskRegistry:
 
     async def sweep_once(self) -> None:
         now = time.monotonic()
-        await self.log.trim_older_than(time.time() - self._retention.max_event_age_s)
         for task_id, at in list(self._log_expiry.items()):
             if at <= now:
                 del self._log_expiry[task_id]
-                await self._delete_log(task_id)
+                await self.log.delete(task_id)
         for task in [task for task in self._tasks.values() if task.expires_at <= now]:
             del self._tasks[task.id]
             self._per_owner[task.owner] -= 1
             self._log_expiry.pop(task.id, None)
             self._forget_outcome(task.id)
-            task.log_deleted = True
             task.settle_input()
             if task.cancel is not None and not task.terminal:
                 await task.cancel()
             await self.log.delete(task.id)
             log.info("task expired", extra={"task": task.id})
-
-    async def _delete_log(self, task_id: str) -> None:
-        task = self._tasks.get(task_id)
-        bounds = await self.log.bounds(task_id)
-        if task is not None:
-            task.log_deleted = True
-            task.deleted_log_next_seq = bounds.next_seq if bounds is not None else 0
-        await self.log.delete(task_id)
 
     async def stop(self) -> None:
         if self._sweeper is not None:
