@@ -250,8 +250,8 @@ class MemoryEventLog(EventLog):
     About 160 bytes per retained event with a 100-byte body: the body's bytes object, one list slot and
     one ``double`` in an ``array``; ``StoredEvent`` objects are built only on read. Times are clamped to be
     non-decreasing per task (a wall clock may step back), so age trimming is a binary search per task.
-    A tombstone is one small object per deleted log (about 200 bytes); expired ones are removed on a
-    later ``delete``, oldest first.
+    A tombstone is one small object per deleted log (about 300 bytes with a 32-character id); expired
+    ones are removed on a later ``delete``, oldest first.
     """
 
     def __init__(
