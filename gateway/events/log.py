@@ -11,9 +11,10 @@ waiter of a task when it grows or is sealed or deleted.
 The interface is kept as small as Redis Streams', and each operation maps onto the other stores:
 
 - ``append`` (batched, optionally sealing): Redis, one script that checks the meta hash (sealed,
-  deleted), ``XADD 0-* … MAXLEN`` per body, ``XTRIM MINID`` by the head entries' time field, sets
-  ``sealed``, publishes a wake-up; SQLite, one transaction inserting rows ``(task, seq, ts, body)`` and
-  updating the task's ``next_seq``/``sealed`` row, deleting rows over the count or older than the age.
+  deleted), runs ``XADD key MAXLEN ~ N 0-* t <time> d <body>`` per body, drops head entries whose time
+  field is older than the age (``XTRIM MINID 0-<first kept seq + 1>``; ``0-N`` ids carry no time), sets
+  ``sealed`` and publishes a wake-up; SQLite, one transaction that inserts rows ``(task, seq, ts, body)``,
+  updates the task's row (``next_seq``, ``sealed``) and deletes the rows over the count or the age.
 - ``read``: ``XRANGE key (0-<after+1> + COUNT n`` / ``SELECT … WHERE task = ? AND seq > ? LIMIT n``,
   dropping entries older than the age (and trimming them).
 - ``bounds``: the meta hash (``next_seq``, ``sealed``) plus the first entry / the task row plus

@@ -288,7 +288,7 @@ class TaskRegistry:
     async def bounds(self, task: Task) -> LogBounds:
         """The task's log bounds; after retention deleted the log, its tombstone's (empty, still counting)."""
         bounds = await self.log.bounds(task.id)
-        return bounds if bounds is not None else LogBounds(None, 0)  # unreachable: the tombstone outlives the task
+        return bounds if bounds is not None else LogBounds(None, 0, sealed=True)  # the store was closed
 
     def owned_by(self, owner: str) -> list[Task]:
         return [task for task in self._tasks.values() if task.owner == owner]
