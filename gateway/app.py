@@ -75,7 +75,13 @@ def build_stores(config: Config) -> Stores:
     retention = config.retention
     kind = config.store.kind
     if kind == "memory":
-        return Stores(MemoryTaskStore(outcome_cap(retention)), MemoryEventLog(retention.max_events_per_task))
+        event_log = MemoryEventLog(
+            retention.max_events_per_task,
+            max_event_age_s=retention.max_event_age_s,
+            # A deleted log's tombstone keeps its next_seq as long as the task's record may still ask.
+            tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
+        )
+        return Stores(MemoryTaskStore(outcome_cap(retention)), event_log)
     assert_never(kind)
 
 

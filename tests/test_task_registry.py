@@ -194,13 +194,15 @@ async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task
 async def test_a_status_change_another_writer_got_to_first_loses_and_records_nothing() -> None:
     tasks = registry()
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    # Another writer (a second replica, say) ends the task in the store behind this process's back.
+    # Another writer (a second replica, say) ends the task behind this process's back, as set_status
+    # does: its two lifecycle events and the seal in one append, then the status in the store.
+    await tasks.log.append(task.id, [b'{"other":1}', b'{"other":2}'], seal=True)
     assert await tasks.store.update_status(task.id, TaskStatus.WORKING, TaskStatus.CANCELLED, None, "T1")
     assert not await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(3))
     stored = await tasks.store.find(task.id)
     assert stored is not None and stored.status is TaskStatus.CANCELLED
     assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
-    assert (await tasks.bounds(task)).next_seq == 1  # only task.created
+    assert (await tasks.bounds(task)).next_seq == 3  # task.created and the other writer's two: none of ours
     assert not task.done.is_set()
 
 

@@ -281,7 +281,7 @@ class TaskRoutes:
             if task is None:
                 raise unknown_task(request_id)
             bounds = await self.hosted.registry.bounds(task)
-            start = plan_stream(task.id, after, bounds, task.done.is_set())
+            start = plan_stream(task.id, after, bounds)
         except ProtocolError as error:
             error.request_id = request_id
             raise
@@ -320,7 +320,7 @@ class TaskRoutes:
         self.open_streams += 1
         self._metrics.task_streams.inc()
         try:
-            return await self._run_stream(call, task, start.first_seq, stop)
+            return await self._run_stream(call, task.id, start.first_seq, stop)
         finally:
             task.open_streams -= 1
             self.open_streams -= 1
@@ -329,7 +329,7 @@ class TaskRoutes:
                 session.task_streams.discard(task.id)
                 session.local_requests.pop(request_id, None)
 
-    async def _run_stream(self, call: Call, task: Task, first_seq: int, stop: asyncio.Event) -> web.StreamResponse:
+    async def _run_stream(self, call: Call, task_id: str, first_seq: int, stop: asyncio.Event) -> web.StreamResponse:
         responder = self._responder(call, write_timeout=True)
         request_id = call.message["id"]
         token = jsonrpc.meta_of(call.message).get("progressToken")
@@ -343,9 +343,8 @@ class TaskRoutes:
             await responder.write(sse.encode_comment("stream"))
             outcome = await run_stream(
                 self.hosted.registry.log,
-                task.id,
+                task_id,
                 first_seq,
-                task.done,
                 responder.write,
                 stop=stop,
                 keepalive_s=self._server.keepalive_s,

@@ -5,12 +5,13 @@ registry writes every change through it and keeps, per task, only what this proc
 it (`Task`: the record as last written here, asyncio primitives, pending input, the upstream call).
 A task belongs to the caller that created it (`owner`), never to a transport session, so any later
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
-that it exists. Status changes go through `set_status`, a compare-and-set on the store that records
-the lifecycle event in the task's log before anyone can observe the new status, and keeps a terminal
-outcome within `[retention] max_result_bytes`. All outcomes this process kept together stay within
-`results_budget_bytes`: the oldest are evicted first, each eviction recorded in its task's log. Tasks
-are dropped when their TTL runs out; their event logs `terminal_retention_s` after they end (whichever
-comes first).
+that it exists. Status changes go through `set_status`: it writes the lifecycle events in one log
+call (sealing the log when the status is terminal), then the status by compare-and-set on the store,
+so no reader sees the new status without its events; a terminal outcome is kept within `[retention]
+max_result_bytes`. All outcomes this process kept together stay within `results_budget_bytes`: the
+oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
+runs out; their event logs `terminal_retention_s` after they end (whichever comes first), leaving the
+log's tombstone. The log trims itself per task (count and age).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import orjson
 
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
-from gateway.events.log import EventLog, LogBounds
+from gateway.events.log import EventLog, LogBounds, LogSealed
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -116,8 +117,6 @@ class Task:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
-    deleted_log_next_seq: int = 0
-    log_deleted: bool = False
     open_streams: int = 0
     on_input: InputListener | None = None
     pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
@@ -343,16 +342,23 @@ class TaskRegistry:
         return await self.store.list_owned(owner, cursor, self._config.page_size)
 
     async def bounds(self, task: Task) -> LogBounds:
-        """The task's log bounds; after retention deleted the log, empty but still counting."""
+        """The task's log bounds; after retention deleted the log, its tombstone's (empty, still counting)."""
         bounds = await self.log.bounds(task.id)
-        return bounds if bounds is not None else LogBounds(None, task.deleted_log_next_seq)
+        return bounds if bounds is not None else LogBounds(None, 0, sealed=True)  # the store was closed
 
-    async def record(self, task: Task, *events: TaskEvent) -> None:
-        # With [events] enabled = false nothing is kept; and a deleted log must not restart at seq 0.
-        if not self._record_events or task.log_deleted:
+    async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
+        """Append `events` to the task's log; dropped once the log is sealed (the task ended: the stream
+        is over) or deleted, unless an `epilogue` (the gateway's note on an ended task's kept result)."""
+        if not self._record_events:  # [events] enabled = false: nothing is kept
             return
-        first = await self.log.append(task.id, [self.capture.encode(event) for event in events])
-        await self.store.advance_next_seq(task.id, first + len(events))
+        try:
+            await self._append(task, [self.capture.encode(event) for event in events], epilogue=epilogue)
+        except LogSealed:
+            log.debug("event not recorded: the task's log is sealed", extra={"task": task.id})
+
+    async def _append(self, task: Task, bodies: list[bytes], *, seal: bool = False, epilogue: bool = False) -> None:
+        first = await self.log.append(task.id, bodies, seal=seal, epilogue=epilogue)
+        await self.store.advance_next_seq(task.id, first + len(bodies))
 
     async def set_status(
         self,
@@ -373,6 +379,15 @@ class TaskRegistry:
         if status.terminal and outcome is not None:
             kept, encoded = bounded(outcome, self._retention.max_result_bytes)
         summary = summarize(status, kept) if status.terminal else None
+        detail = {"statusMessage": message} if message is not None else {}
+        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        if summary is not None:
+            events.append(self.capture.lifecycle("task.terminal", **summary))
+        # The events (and, once terminal, the seal) in one log call, before the status changes: no
+        # reader sees the new status without its events, or the stream's end without the last event.
+        bodies = [self.capture.encode(event) for event in events] if self._record_events else []
+        with contextlib.suppress(LogSealed):  # retention deleted the log: the record still changes
+            await self._append(task, bodies, seal=status.terminal)
         record = await self.store.update_status(
             task.id,
             task.status,
@@ -383,10 +398,8 @@ class TaskRegistry:
             outcome_summary=summary if summary is None else bounded_summary(summary),
         )
         if record is None:
-            return False
+            return False  # another writer changed the status first
         task.record = record
-        detail = {"statusMessage": message} if message is not None else {}
-        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         evicted: list[tuple[Task, int]] = []
         if summary is not None:  # terminal
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
@@ -396,17 +409,13 @@ class TaskRegistry:
                 task.kept_outcome = encoded
                 evicted = await self._keep(task, len(encoded))
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summary))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
-        # Status first, then the events: a stream that wakes on the append already sees it terminal.
-        await self.record(task, *events)
-        if status.terminal:
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
         budget = self._retention.results_budget_bytes
         for victim, size in evicted:
-            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
+            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget), epilogue=True)
         return True
 
     async def _keep(self, task: Task, size: int) -> list[tuple[Task, int]]:
@@ -447,31 +456,21 @@ class TaskRegistry:
 
     async def sweep_once(self) -> None:
         now = time.monotonic()
-        await self.log.trim_older_than(time.time() - self._retention.max_event_age_s)
         for task_id, at in list(self._log_expiry.items()):
             if at <= now:
                 del self._log_expiry[task_id]
-                await self._delete_log(task_id)
+                await self.log.delete(task_id)
         for record in await self.store.expire(time.time()):
             self._per_owner[record.owner] -= 1
             self._log_expiry.pop(record.id, None)
             self._forget_outcome(record.id)
             task = self._tasks.pop(record.id, None)
             if task is not None:
-                task.log_deleted = True
                 task.settle_input()
                 if task.cancel is not None and not task.terminal:
                     await task.cancel()
             await self.log.delete(record.id)
             log.info("task expired", extra={"task": record.id})
-
-    async def _delete_log(self, task_id: str) -> None:
-        task = self._tasks.get(task_id)
-        bounds = await self.log.bounds(task_id)
-        if task is not None:
-            task.log_deleted = True
-            task.deleted_log_next_seq = bounds.next_seq if bounds is not None else 0
-        await self.log.delete(task_id)
 
     async def stop(self) -> None:
         if self._sweeper is not None:
