@@ -39,12 +39,13 @@ from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTO
 from gateway.protocol.jsonrpc import Message, ProtocolError
 from gateway.sessions import Session
 from gateway.sse import SseParser
-from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.hosted import HostedTasks, declares_tasks_extension
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
 from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.service import TaskService
-from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.upstream.base import Exchange, UpstreamChannel
+from tests.fake_upstream import OneConversation
 
 TASKLESS, SEP_1686, SEP_2663 = "task-less", "SEP-1686", "SEP-2663"
 GATEWAY_OWN_IDS = "mcp-task-gateway-"
@@ -77,7 +78,7 @@ def upstream_view(era: Era, status: str, updated: str = CREATED, **extra: Any) -
     return {"taskId": UPSTREAM_ID, "status": status, **times, "ttlMs": 60000, "pollIntervalMs": 1000, **extra}
 
 
-class ScriptedUpstream(UpstreamChannel, Upstream):
+class ScriptedUpstream(OneConversation):
     """The upstream and its one conversation, answering from a script for its kind. A tools/call of
     "job" that the upstream is not asked to run as a task is held (answered only on `release`), and so
     is server/discover while `discover_held`."""
@@ -125,7 +126,7 @@ class ScriptedUpstream(UpstreamChannel, Upstream):
             return {"result": ECHO}
         if method == "tools/call" and legacy and "task" in params:
             return {"result": {"task": upstream_view(Era.LEGACY, "working")}}
-        if method == "tools/call" and modern and declares_extension(message):
+        if method == "tools/call" and modern and declares_tasks_extension(message):
             return {"result": {"resultType": "task", **upstream_view(Era.MODERN, "working")}}
         if method == "tools/call":
             return None
@@ -145,41 +146,12 @@ class ScriptedUpstream(UpstreamChannel, Upstream):
             return {"result": {"resultType": "complete", **upstream_view(Era.MODERN, "working")}}
         return {"result": {"resultType": "complete"}}  # SEP-2663 tasks/cancel, tasks/update
 
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError(f"unexpected notification {message}")
-
-    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError(f"unexpected response {message}")
-
-    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
-        pass
-
-    async def open_session(self) -> UpstreamChannel:
-        return self
-
     def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
         @asynccontextmanager
         async def channel() -> AsyncIterator[UpstreamChannel]:
             yield self
 
         return channel()
-
-    def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:
-        raise AssertionError("unexpected readiness check")
-
-    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
-def declares_extension(message: Message) -> bool:
-    capabilities = jsonrpc.meta_of(message).get(CLIENT_CAPABILITIES_KEY)
-    return isinstance(capabilities, dict) and TASKS_EXTENSION in capabilities.get("extensions", {})
 
 
 class Recorder:
@@ -322,6 +294,23 @@ def hosted_by_gateway(gateway: Gateway) -> bool:
     return hosting(gateway.era, gateway.upstream.kind)
 
 
+async def about_a_task(
+    gateway: Gateway, method: str, params: dict[str, Any] | None = None, *, named: bool = True
+) -> tuple[Task, list[Message], Message]:
+    """A task the client started, what had reached the upstream by then, and a `method` request
+    (naming the task unless not `named`)."""
+    task = await gateway.start_task()
+    named_task = {"taskId": task.id} if named else {}
+    return task, gateway.upstream.forwarded(), gateway.message(method, {**named_task, **(params or {})})
+
+
+async def refusal(gateway: Gateway, call: TaskCall) -> tuple[int, int]:
+    """The JSON-RPC code and HTTP status the service refuses `call` with."""
+    with pytest.raises(ProtocolError) as refused:
+        await gateway.service.plan(call)
+    return refused.value.code, refused.value.http_status
+
+
 def answer(message: Message, result: dict[str, Any]) -> Message:
     return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
@@ -389,9 +378,7 @@ async def test_a_task_call_makes_a_task_on_the_side_that_hosts_it(gateway: Gatew
 
 
 async def test_tasks_get(gateway: Gateway) -> None:
-    task = await gateway.start_task()
-    before = gateway.upstream.forwarded()
-    message = gateway.message("tasks/get", {"taskId": task.id})
+    task, before, message = await about_a_task(gateway, "tasks/get")
     _, plan = await gateway.plan(message)
     if hosted_by_gateway(gateway):
         assert isinstance(plan, Reply)
@@ -409,14 +396,10 @@ async def test_tasks_get(gateway: Gateway) -> None:
 
 
 async def test_tasks_result(gateway: Gateway) -> None:
-    task = await gateway.start_task()
-    before = gateway.upstream.forwarded()
-    message = gateway.message("tasks/result", {"taskId": task.id})
+    task, before, message = await about_a_task(gateway, "tasks/result")
     call = gateway.call(message)
-    if gateway.era is Era.MODERN and hosted_by_gateway(gateway):
-        with pytest.raises(ProtocolError) as refused:
-            await gateway.service.plan(call)
-        assert (refused.value.code, refused.value.http_status) == (jsonrpc.METHOD_NOT_FOUND, 404)
+    if gateway.era is Era.MODERN and hosted_by_gateway(gateway):  # not a method of the SEP-2663 extension
+        assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
         return
     plan = await gateway.service.plan(call)
     if gateway.era is Era.LEGACY and hosted_by_gateway(gateway):
@@ -440,9 +423,7 @@ async def test_tasks_result(gateway: Gateway) -> None:
 
 
 async def test_tasks_cancel(gateway: Gateway) -> None:
-    task = await gateway.start_task()
-    before = gateway.upstream.forwarded()
-    message = gateway.message("tasks/cancel", {"taskId": task.id})
+    task, before, message = await about_a_task(gateway, "tasks/cancel")
     _, plan = await gateway.plan(message)
     if hosted_by_gateway(gateway):
         assert isinstance(plan, Reply)
@@ -462,9 +443,7 @@ async def test_tasks_cancel(gateway: Gateway) -> None:
 
 
 async def test_tasks_update(gateway: Gateway) -> None:
-    task = await gateway.start_task()
-    before = gateway.upstream.forwarded()
-    message = gateway.message("tasks/update", {"taskId": task.id, "inputResponses": {}})
+    _, before, message = await about_a_task(gateway, "tasks/update", {"inputResponses": {}})
     _, plan = await gateway.plan(message)
     if gateway.era is Era.MODERN and hosted_by_gateway(gateway):
         assert isinstance(plan, Reply) and plan.message == answer(message, {"resultType": "complete"})
@@ -483,14 +462,10 @@ async def test_tasks_update(gateway: Gateway) -> None:
 
 
 async def test_tasks_list(gateway: Gateway) -> None:
-    task = await gateway.start_task()
-    before = gateway.upstream.forwarded()
-    message = gateway.message("tasks/list", {})
+    task, before, message = await about_a_task(gateway, "tasks/list", named=False)
     call = gateway.call(message)
-    if gateway.era is Era.MODERN and hosted_by_gateway(gateway):
-        with pytest.raises(ProtocolError) as refused:
-            await gateway.service.plan(call)
-        assert (refused.value.code, refused.value.http_status) == (jsonrpc.METHOD_NOT_FOUND, 404)
+    if gateway.era is Era.MODERN and hosted_by_gateway(gateway):  # not a method of the SEP-2663 extension
+        assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
         return
     plan = await gateway.service.plan(call)
     if hosted_by_gateway(gateway):
