@@ -120,7 +120,7 @@ class ScriptedUpstream(OneConversation):
         method, params = message["method"], jsonrpc.params_of(message)
         legacy, modern = self.kind == SEP_1686, self.kind == SEP_2663
         if method == "server/discover":
-            extensions = {TASKS_EXTENSION: {}} if modern else {}
+            extensions: dict[str, Any] = {TASKS_EXTENSION: {}} if modern else {}
             return {"result": {"resultType": "complete", "capabilities": {"tools": {}, "extensions": extensions}}}
         if method == "tools/call" and params.get("name") == "echo":
             return {"result": ECHO}
@@ -230,7 +230,7 @@ class Gateway:
     def message(self, method: str, params: dict[str, Any], *, extension: bool = True) -> Message:
         """A request as the edge hands it on (a modern one with its `_meta` envelope)."""
         if self.era is Era.MODERN:
-            extensions = {TASKS_EXTENSION: {}} if extension else {}
+            extensions: dict[str, Any] = {TASKS_EXTENSION: {}} if extension else {}
             meta = {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {"extensions": extensions}}
             params = {**params, "_meta": meta}
         return {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
