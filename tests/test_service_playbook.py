@@ -219,12 +219,9 @@ class Gateway:
             capabilities: dict[str, Any] = {"tools": {}}
             if kind == SEP_1686:
                 capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-            initialized = self.service.initialized(
+            self.initialized = self.service.initialized(
                 self.session, {"protocolVersion": era.value, "capabilities": capabilities}
             )
-            assert ("list" in initialized["capabilities"]["tasks"]) and "eventStreams" in initialized["capabilities"][
-                "tasks"
-            ]
         self._ids = itertools.count(1)
 
     def message(self, method: str, params: dict[str, Any], *, extension: bool = True) -> Message:
@@ -510,6 +507,18 @@ async def test_tasks_stream(gateway: Gateway) -> None:
 
 
 # -- what the upstream declares ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [TASKLESS, SEP_1686, SEP_2663])
+async def test_a_legacy_session_learns_from_initialize_who_hosts_tasks(kind: str) -> None:
+    gateway = Gateway(Era.LEGACY, kind)
+    assert gateway.session is not None
+    passes_through = kind == SEP_1686
+    assert gateway.session.upstream_has_tasks is passes_through
+    assert (gateway.upstream.tap == gateway.passthrough.observe) is passes_through  # ids mapped, tasks captured
+    tasks = gateway.initialized["capabilities"]["tasks"]
+    assert set(tasks) == {"list", "cancel", "requests", "eventStreams"}  # the upstream's, or the gateway's own
+    await gateway.stop()
 
 
 @pytest.mark.parametrize("kind", [TASKLESS, SEP_1686, SEP_2663])

@@ -64,7 +64,7 @@ class TaskService:
         *,
         events_enabled: bool,
     ) -> None:
-        self.hosted = hosted
+        self._hosted = hosted
         self._passthrough = passthrough
         self._upstream = upstream
         self._server = server
@@ -83,7 +83,7 @@ class TaskService:
         session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
-        return self.hosted.advertise_legacy(result, session.upstream_has_tasks)
+        return self._hosted.advertise_legacy(result, session.upstream_has_tasks)
 
     async def client_notification(self, session: Session, message: Message, headers: Mapping[str, str]) -> None:
         """A notifications/cancelled for a request the gateway serves itself stops it there; the rest go on."""
@@ -189,7 +189,7 @@ class TaskService:
 
     def _transform_for(self, call: TaskCall, hosting: bool) -> Transform | None:
         """Responses the gateway adds its own capabilities to."""
-        hosted = self.hosted
+        hosted = self._hosted
         if call.method == "server/discover":
 
             async def discover(final: Message) -> Message:
@@ -256,14 +256,14 @@ class TaskService:
                 )
             if not declares_tasks_extension(call.message):
                 raise missing_extension(call.message["id"])
-            return Reply(await self.hosted.modern_method(call.caller, call.message))
+            return Reply(await self._hosted.modern_method(call.caller, call.message))
         if call.method == "tasks/result":
-            task = self.hosted.legacy_task(call.caller, call.message)
+            task = self._hosted.legacy_task(call.caller, call.message)
             assert call.session is not None
-            wait = AwaitResult(self.hosted, task, call.session, call.message["id"])
+            wait = AwaitResult(self._hosted, task, call.session, call.message["id"])
             call.resources.callback(wait.close)
             return wait
-        return Reply(await self.hosted.legacy_method(call.caller, call.message))
+        return Reply(await self._hosted.legacy_method(call.caller, call.message))
 
     # -- tools/call as a task --------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ class TaskService:
         """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
         if self._plan_tool_call(call) is None:
             return None
-        self.hosted.check_room(call.caller, call.message)
+        self._hosted.check_room(call.caller, call.message)
         session = call.session
         assert session is not None
         # The session's upstream channel must outlive the session while the task runs on it.
@@ -288,11 +288,11 @@ class TaskService:
             stream = session.get_stream
             if stream is None:
                 return
-            route_answer(self.hosted, session, task, pending)
+            route_answer(self._hosted, session, task, pending)
             pending.carried_by = lambda: session.get_stream is stream
             await session.deliver_unsolicited(pending.request)
 
-        answer = await self.hosted.start_legacy(
+        answer = await self._hosted.start_legacy(
             call.caller, channel, call.message, resources, notify_status, deliver_input, call.headers
         )
         return Reply(answer)
@@ -305,29 +305,29 @@ class TaskService:
         if hosting is None:
             return None
         if hosting.result_is_task:
-            self.hosted.check_room(call.caller, call.message)
+            self._hosted.check_room(call.caller, call.message)
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, Era.MODERN), call.headers)
         observed: list[Message] = []
 
         async def adopt(observed: list[Message]) -> Task:
             """The call's task, with the notifications relayed so far as its first events."""
-            task = await self.hosted.create(call.caller, call.message)
-            capture = self.hosted.registry.capture
+            task = await self._hosted.create(call.caller, call.message)
+            capture = self._hosted.registry.capture
             events = [event for message in observed if (event := capture.from_notification(message)) is not None]
             if events:
-                await self.hosted.registry.record(task, *events)
+                await self._hosted.registry.record(task, *events)
             return task
 
         async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
             task = await adopt(observed)
-            self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
-            return self.hosted.modern_created(task, call.message["id"])
+            self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
+            return self._hosted.modern_created(task, call.message["id"])
 
         def room_for_task() -> bool:
             try:
-                self.hosted.registry.check_room(call.caller.owner)
+                self._hosted.registry.check_room(call.caller.owner)
             except TaskLimitReached:
                 return False
             return True
@@ -337,8 +337,8 @@ class TaskService:
             if "result" not in final or input_required(final) or not room_for_task():
                 return final
             task = await adopt(observed)
-            await self.hosted.finish(task, call.caller, final)
-            return self.hosted.modern_created(task, call.message["id"])
+            await self._hosted.finish(task, call.caller, final)
+            return self._hosted.modern_created(task, call.message["id"])
 
         def client_asked(message: Message) -> bool:
             method = message.get("method")
@@ -353,7 +353,7 @@ class TaskService:
         return Forward(channel, upstream.message, call.headers, hooks)
 
     def _plan_tool_call(self, call: TaskCall) -> Hosting | None:
-        policy = self.hosted.policy(jsonrpc.params_of(call.message).get("name"))
+        policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
         return plan_tool_call(policy, call.message, call.era)
 
     # -- tasks/stream ----------------------------------------------------------------------------
@@ -369,7 +369,7 @@ class TaskService:
             )
         if call.era is Era.MODERN and not declares_tasks_extension(call.message):
             raise missing_extension(request_id)
-        registry = self.hosted.registry
+        registry = self._hosted.registry
         try:
             task_id, after = parse_stream_params(call.message)
             task = registry.get(call.caller.owner, task_id)
