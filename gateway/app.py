@@ -24,7 +24,6 @@ from gateway.deadlines import RequestDeadlines
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
-from gateway.edge.task_routes import TaskRoutes
 from gateway.events.capture import Capture
 from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -35,6 +34,7 @@ from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
+from gateway.tasks.service import TaskService
 from gateway.tasks.store import TaskStore
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
@@ -136,19 +136,20 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.tasks, config.retention, stores.tasks, stores.log, capture, metrics, record_events=config.events.enabled
     )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
-    task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    service = TaskService(
+        hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
+    )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     endpoint = McpEndpoint(
         config.server,
         upstream,
         sessions,
-        task_routes,
-        passthrough,
+        service,
         metrics,
         rejections,
         budget,
-        events_enabled=config.events.enabled,
+        stream_write_timeout_s=config.tasks.stream_write_timeout_s,
     )
     metrics.tasks.set_function(lambda: len(registry))
     ceilings = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import orjson
@@ -24,13 +23,14 @@ from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks import passthrough as passthrough_module
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import Task, TaskRegistry, outcome_cap
-from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.upstream.base import Exchange
+from tests.fake_upstream import OneConversation
 
 RELATED = "io.modelcontextprotocol/related-task"
 PREFIX = Config().events.prefix + "."
 
 
-class Unreachable(UpstreamChannel, Upstream):
+class Unreachable(OneConversation):
     """Stands for the upstream and its one conversation. The only request it takes is the gateway's
     own `tasks/result` for a task in `results` (upstream id -> the answer's `result` or `error`),
     answered through the tap like a real link; a task missing there never gets an answer."""
@@ -45,33 +45,6 @@ class Unreachable(UpstreamChannel, Upstream):
         if answer is not None:
             await exchange.deliver({"jsonrpc": "2.0", "id": message["id"], **answer})
         return exchange
-
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError("unexpected notification")
-
-    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError("unexpected response")
-
-    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
-        pass
-
-    async def open_session(self) -> UpstreamChannel:
-        return self
-
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
-        raise AssertionError("unexpected stateless request")
-
-    def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:
-        raise AssertionError("unexpected readiness check")
-
-    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture

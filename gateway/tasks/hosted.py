@@ -31,7 +31,7 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, Era
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import (
@@ -49,7 +49,6 @@ from gateway.upstream.base import Exchange, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.hosted")
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 LEGACY_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})

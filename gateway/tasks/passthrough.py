@@ -44,10 +44,9 @@ from gateway.config import TasksConfig
 from gateway.events.capture import RELATED_TASK_KEY
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.hosted import (
-    TASKS_EXTENSION,
     method_of,
     summarize_answer,
     summarize_request,
