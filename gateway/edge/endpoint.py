@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from aiohttp import web
 
@@ -29,13 +28,14 @@ from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import Call, TaskRoutes
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import MODERN, dialect_of, upstream_declares_tasks
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.era import Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
 from gateway.sessions import ResponseRoute, Session, SessionRegistry
-from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
-from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
+from gateway.tasks.hosted import Caller
+from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import ANONYMOUS
 from gateway.upstream.base import Upstream, UpstreamChannel
 
@@ -103,6 +103,7 @@ class McpEndpoint:
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
             if request.method == "POST":
                 return await self._post(request, era)
+            # 2026-07-28 has no sessions, so no GET stream and no DELETE.
             if era is Era.MODERN or request.method not in ("GET", "DELETE"):
                 raise ProtocolError(
                     jsonrpc.INVALID_REQUEST,
@@ -132,9 +133,10 @@ class McpEndpoint:
         if kind is not Kind.RESPONSE:
             check_fields(message)
         headers = forwardable_headers(request.headers)
+        # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
         if era is Era.LEGACY:
-            return await self._legacy_post(request, message, kind, headers)
-        return await self._modern_post(request, message, kind, headers)
+            return await self._legacy_post(request, era, message, kind, headers)
+        return await self._modern_post(request, era, message, kind, headers)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._config.max_body_bytes
@@ -151,10 +153,10 @@ class McpEndpoint:
         return bytes(body)
 
     async def _legacy_post(
-        self, request: web.Request, message: Message, kind: Kind, headers: dict[str, str]
+        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
     ) -> web.StreamResponse:
         if kind is Kind.REQUEST and message["method"] == "initialize":
-            return await self._initialize(request, message, headers)
+            return await self._initialize(request, era, message, headers)
         session = await self._session_for(request)
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
             session.engaged = True
@@ -173,7 +175,7 @@ class McpEndpoint:
                 await self._passthrough.answered(session.channel, message)
             await session.respond(message, headers)
             return web.Response(status=202)
-        call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
+        call = Call(request, message, era, session, headers, Caller(ANONYMOUS, era))
 
         async def session_channel() -> UpstreamChannel:
             self._budget.admit(message["id"])
@@ -197,7 +199,9 @@ class McpEndpoint:
         stop.set()
         return True
 
-    async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
+    async def _initialize(
+        self, request: web.Request, era: Era, message: Message, headers: dict[str, str]
+    ) -> web.StreamResponse:
         try:
             session = await self._sessions.create()
         except Overloaded as error:
@@ -233,17 +237,17 @@ class McpEndpoint:
         session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
-        final = {**final, "result": self._tasks.hosted.advertise_legacy(final["result"], session.upstream_has_tasks)}
+        final = {**final, "result": self._tasks.hosted.advertise(final["result"], dialect_of(era))}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
             if messages:
                 await responder.send(messages)
-            return await responder.finish(final, Era.LEGACY)
+            return await responder.finish(final, era)
         finally:
             responder.close()
 
     async def _modern_post(
-        self, request: web.Request, message: Message, kind: Kind, headers: dict[str, str]
+        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
     ) -> web.StreamResponse:
         if kind is Kind.RESPONSE:
             raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: 2026-07-28 clients do not send responses")
@@ -259,7 +263,7 @@ class McpEndpoint:
                 http_status=404,
                 request_id=message["id"],
             )
-        call = Call(request, message, Era.MODERN, None, headers, Caller(ANONYMOUS, Era.MODERN))
+        call = Call(request, message, era, None, headers, Caller(ANONYMOUS, era))
 
         leased: list[UpstreamChannel] = []
 
@@ -296,11 +300,9 @@ class McpEndpoint:
             if self._tasks.serves(call):
                 return await self._tasks.task_method(call)
             if call.method == "tools/call":
-                answer = (
-                    await self._tasks.legacy_tool_call(call, await channel())
-                    if call.era is Era.LEGACY
-                    else await self._tasks.modern_tool_call(call, await channel())
-                )
+                # SEP-1686: the client asked for a task; SEP-2663: the gateway decides as the call runs.
+                tool_call = self._tasks.legacy_tool_call if call.era is Era.LEGACY else self._tasks.modern_tool_call
+                answer = await tool_call(call, await channel())
                 if answer is not None:
                     return answer
             return await self._forward(call, await channel(), self._transform_for(call, hosting))
@@ -315,13 +317,14 @@ class McpEndpoint:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
         task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
         answer_route: ResponseRoute | None = None
-        if call.method in ROUTED_METHODS[call.era]:
+        if call.method in call.caller.dialect.task_requests:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
             if task.terminal:
                 # Its record holds how it ended (the outcome too) and answers, exactly and even once
                 # the upstream conversation that held the task is gone.
                 return await self._tasks.task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
+            # A 2025-11-25 task lives in the session that created it; a 2026-07-28 one on a pinned pool channel.
             channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()
             if call.session is not None and channel is not call.session.channel:
                 # A task of another session of this caller: answers to its requests go back to it.
@@ -332,10 +335,7 @@ class McpEndpoint:
                 call = dataclasses.replace(call, message=listen)
             channel = await channel_source()
         channel.tap = self._passthrough.observe
-        params = jsonrpc.params_of(call.message)
-        if call.method == "tools/call" and (
-            "task" in params if call.era is Era.LEGACY else declares_tasks_extension(call.message)
-        ):
+        if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return await self._forward(call, channel, self._learning(call, channel, observed), observed)
         return await self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
@@ -373,10 +373,10 @@ class McpEndpoint:
                 if not isinstance(result, dict):
                     return final
                 self._modern_upstream_tasks = upstream_declares_tasks(result)
-                return {**final, "result": hosted.advertise_modern(result)}
+                return {**final, "result": hosted.advertise(result, dialect_of(call.era))}
 
             return discover
-        if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
+        if call.method == "tools/list" and hosting and call.caller.dialect.lists_task_support:
 
             async def annotate(final: Message) -> Message:
                 result = final.get("result")
@@ -395,6 +395,7 @@ class McpEndpoint:
         answer_route: ResponseRoute | None = None,
     ) -> web.StreamResponse:
         exchange = await channel.request(call.message, call.headers)
+        # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
         responder = Responder(call.request, self._metrics, write_timeout_s=self._config.write_timeout_s)
@@ -438,13 +439,7 @@ class McpEndpoint:
 
     async def _probe_modern_tasks(self) -> bool | None:
         """Whether the upstream declares the tasks extension; None when it could not be asked."""
-        probe = {
-            "jsonrpc": "2.0",
-            "id": "mcp-task-gateway-discover",
-            "method": "server/discover",
-            "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
-        }
-        probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
+        probe, probe_headers = MODERN.gateway_request("mcp-task-gateway-discover", "server/discover", {})
         async with self._upstream.stateless() as channel:
             exchange = await channel.request(probe, probe_headers)
             try:
@@ -514,9 +509,3 @@ class McpEndpoint:
         session = await self._session_for(request)
         await self._sessions.close(session.id)
         return web.Response(status=200)
-
-
-def upstream_declares_tasks(discover_result: dict[str, Any]) -> bool:
-    capabilities = discover_result.get("capabilities")
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions

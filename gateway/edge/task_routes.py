@@ -22,26 +22,16 @@ from gateway.edge.responder import Responder, SlowClient
 from gateway.events.stream import parse_stream_params, plan_stream, run_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import LOG_LEVEL_KEY, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
 from gateway.sessions import Session
-from gateway.tasks.hosted import (
-    LEGACY_TASK_METHODS,
-    LOG_LEVEL_KEY,
-    MODERN_TASK_METHODS,
-    Caller,
-    HostedTasks,
-    UpstreamCall,
-    declares_tasks_extension,
-    input_required,
-    missing_extension,
-    related_outcome,
-    unknown_task,
-    wait_any,
-)
+from gateway.tasks.hosted import Caller, HostedTasks, related_outcome
+from gateway.tasks.input import UpstreamCall, input_required
 from gateway.tasks.policy import Hosting, plan_tool_call
 from gateway.tasks.registry import PendingRequest, Task, TaskLimitReached
 from gateway.upstream.base import UpstreamChannel
+from gateway.waiting import wait_any
 
 
 @dataclass
@@ -86,34 +76,28 @@ class TaskRoutes:
 
     def serves(self, call: Call) -> bool:
         """Task methods the gateway answers for an upstream without Tasks."""
-        methods = (
-            LEGACY_TASK_METHODS if call.era is Era.LEGACY else MODERN_TASK_METHODS | {"tasks/result", "tasks/list"}
-        )
-        return call.method in methods
+        return call.method in call.caller.dialect.task_methods | {"tasks/result", "tasks/list"}
 
     async def task_method(self, call: Call) -> web.StreamResponse:
-        if call.era is Era.MODERN:
-            if call.method not in MODERN_TASK_METHODS:
-                raise ProtocolError(
-                    jsonrpc.METHOD_NOT_FOUND,
-                    f"Method not found: {call.method} does not exist in the 2026-07-28 tasks extension",
-                    http_status=404,
-                    request_id=call.message["id"],
-                )
-            if not declares_tasks_extension(call.message):
-                raise missing_extension(call.message["id"])
-            answer = await self.hosted.modern_method(call.caller, call.message)
-            return await self._responder(call).finish(answer, call.era)
+        dialect = call.caller.dialect
+        if call.method not in dialect.task_methods:
+            raise ProtocolError(
+                jsonrpc.METHOD_NOT_FOUND,
+                f"Method not found: {call.method} does not exist in the {call.era.value} tasks extension",
+                http_status=404,
+                request_id=call.message["id"],
+            )
+        dialect.check_tasks_declared(call.message)
         if call.method == "tasks/result":
             return await self._legacy_result(call)
-        answer = await self.hosted.legacy_method(call.caller, call.message)
+        answer = await self.hosted.method(call.caller, call.message)
         return await self._responder(call).finish(answer, call.era)
 
     async def _legacy_result(self, call: Call) -> web.StreamResponse:
         """tasks/result: block until the task is terminal (keep-alives meanwhile), carrying the task's
         server-to-client requests to the client as they come (SEP-1686 input_required), then answer
         exactly what the upstream returned."""
-        task = self.hosted.legacy_task(call.caller, call.message)
+        task = self.hosted.task_named(call.caller, call.message)
         session = call.session
         assert session is not None
         responder = self._responder(call)
@@ -126,7 +110,7 @@ class TaskRoutes:
         task.result_streams += 1
         try:
             while True:
-                for pending in self.hosted.claim_undelivered(task):
+                for pending in self.hosted.input.claim_undelivered(task):
                     self._route_answer(session, task, pending)
                     pending.carried_by = carries
                     claimed = True
@@ -151,7 +135,7 @@ class TaskRoutes:
         """The client's response to `pending`, POSTed on `session`, goes to the task (and on upstream)."""
 
         async def route(message: Message, headers: Mapping[str, str]) -> None:
-            await self.hosted.answer_legacy(task, message, headers)
+            await self.hosted.input.answer(task, message, headers)
 
         session.response_routes[pending.id] = route
         session.note_outgoing(pending.request)
@@ -178,7 +162,11 @@ class TaskRoutes:
         resources.push_async_callback(session.task_ended)
 
         async def notify_status(task: Task) -> None:
-            status = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.legacy_view()}
+            status = {
+                "jsonrpc": "2.0",
+                "method": "notifications/tasks/status",
+                "params": call.caller.dialect.task(task),
+            }
             await session.deliver_unsolicited(status)
 
         async def deliver_input(task: Task, pending: PendingRequest) -> None:
@@ -206,7 +194,7 @@ class TaskRoutes:
             self.hosted.check_room(call.caller, call.message)
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        upstream = UpstreamCall(channel, self.hosted.upstream_call(call.message, call.caller.dialect), call.headers)
         exchange = await channel.request(upstream.message, call.headers)
         observed: list[Message] = []
 
@@ -222,7 +210,7 @@ class TaskRoutes:
         async def take_over(observed: list[Message]) -> Message:
             task = await adopt(observed)
             self.hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
-            return self.hosted.modern_created(task, call.message["id"])
+            return self.hosted.created(call.caller, task, call.message["id"])
 
         def room_for_task() -> bool:
             try:
@@ -237,7 +225,7 @@ class TaskRoutes:
                 return final
             task = await adopt(observed)
             await self.hosted.finish(task, call.caller, final)
-            return self.hosted.modern_created(task, call.message["id"])
+            return self.hosted.created(call.caller, task, call.message["id"])
 
         def client_asked(message: Message) -> bool:
             method = message.get("method")
@@ -270,11 +258,9 @@ class TaskRoutes:
             raise ProtocolError(
                 jsonrpc.METHOD_NOT_FOUND,
                 "Method not found: task event streams are disabled on this gateway",
-                http_status=404 if call.era is Era.MODERN else 200,
                 request_id=request_id,
             )
-        if call.era is Era.MODERN and not declares_tasks_extension(call.message):
-            raise missing_extension(request_id)
+        call.caller.dialect.check_tasks_declared(call.message)
         try:
             task_id, after = parse_stream_params(call.message)
             task = self.hosted.registry.get(call.caller.owner, task_id)
@@ -286,9 +272,7 @@ class TaskRoutes:
             error.request_id = request_id
             raise
         if start.first_seq is None:
-            return await self._responder(call).finish(
-                {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}, call.era
-            )
+            return await self._responder(call).finish(call.caller.dialect.stream_end(request_id), call.era)
         if self.open_streams >= self._tasks.max_streams_total:
             raise Overloaded(
                 "tasks.max_streams_total",
@@ -359,7 +343,7 @@ class TaskRoutes:
                 outcome.request_id = request_id
                 final = outcome.to_message()
             else:
-                final = {"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result}
+                final = call.caller.dialect.stream_end(request_id)
             return await responder.finish(final, call.era)
         except (asyncio.CancelledError, ConnectionResetError, SlowClient):
             # The stream's client is gone (or too slow): delivery stops, the task carries on.

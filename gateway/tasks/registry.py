@@ -28,6 +28,7 @@ import orjson
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds
+from gateway.events.summaries import summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -165,47 +166,10 @@ class Task:
         self.pending_requests.clear()
         self.undelivered.clear()
 
-    def legacy_view(self) -> dict[str, Any]:
-        """The 2025-11-25 (SEP-1686) Task object."""
-        view: dict[str, Any] = {
-            "taskId": self.id,
-            "status": self.status.value,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": self.last_updated_at,
-            "ttl": self.ttl_ms,
-            "pollInterval": self.poll_interval_ms,
-        }
-        if self.status_message is not None:
-            view["statusMessage"] = self.status_message
-        return view
-
-    def modern_task(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
-        task: dict[str, Any] = {
-            "taskId": self.id,
-            "status": self.status.value,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": self.last_updated_at,
-            "ttlMs": self.ttl_ms,
-            "pollIntervalMs": self.poll_interval_ms,
-        }
-        if self.status_message is not None:
-            task["statusMessage"] = self.status_message
-        return task
-
-    def modern_view(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) DetailedTask: the Task, with `inputRequests` while input_required (the
-        outstanding ones) and the outcome inlined once terminal."""
-        view = self.modern_task()
-        if self.status is TaskStatus.INPUT_REQUIRED:
-            view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
-        outcome = self.outcome if self.terminal and self.status is not TaskStatus.CANCELLED else None
-        if outcome is not None and self.status is TaskStatus.COMPLETED and "result" in outcome:
-            view["result"] = outcome["result"]
-        if outcome is not None and "error" in outcome:
-            # A failure, or a completed task whose result the gateway could not keep (it says why).
-            view["error"] = outcome["error"]
-        return view
+    @property
+    def input_requests(self) -> dict[str, Any]:
+        """Modern: the current round's requests still waiting for an answer."""
+        return self.input_round.outstanding if self.input_round is not None else {}
 
 
 class TaskLimitReached(Exception):
@@ -324,7 +288,7 @@ class TaskRegistry:
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
             kept, evicted = self._keep(task, outcome)
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, kept)))
+            events.append(self.capture.lifecycle("task.terminal", **summarize_outcome(status.value, kept)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
         # Status first, then the events: a stream that wakes on the append already sees it terminal.
         await self.record(task, *events)
@@ -431,27 +395,3 @@ def evicted_outcome(size: int, budget: int) -> Message:
     )
     data = {"reason": RESULT_EVICTED, "size": size, "budget": budget}
     return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
-
-
-def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:
-    """The terminal event's payload: the outcome's shape, not its (possibly large) content."""
-    summary: dict[str, Any] = {"status": status.value}
-    if outcome is None:
-        return summary
-    error = outcome.get("error")
-    if isinstance(error, dict):
-        summary["error"] = {"code": error.get("code"), "message": error.get("message")}
-        return summary
-    result = outcome.get("result")
-    if isinstance(result, dict):
-        summary["isError"] = bool(result.get("isError", False))
-        content = result.get("content")
-        if isinstance(content, list):
-            summary["content"] = [
-                {"type": block.get("type"), "bytes": len(str(block.get("text", block.get("data", ""))))}
-                for block in content
-                if isinstance(block, dict)
-            ]
-        if "structuredContent" in result:
-            summary["structuredContent"] = True
-    return summary

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 
 UnsolicitedHandler = Callable[[Message, int], Awaitable[None]]
 """Gets a message not tied to a request and its size on the wire in bytes."""
@@ -50,6 +50,10 @@ CLIENT_CANCEL_REASON = "cancelled by the client"
 TIMEOUT_CANCEL_REASON = "request timed out at the gateway"
 REQUEST_TIMEOUT = "request_timeout"
 """`data.reason` of the error a request gets when its deadline passes."""
+
+
+class UpstreamBusy(Overloaded):
+    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(frozen=True, slots=True)
