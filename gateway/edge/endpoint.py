@@ -373,7 +373,7 @@ class McpEndpoint:
                 if not isinstance(result, dict):
                     return final
                 self._modern_upstream_tasks = upstream_declares_tasks(result)
-                return {**final, "result": hosted.advertise(result, dialect_of(call.era))}
+                return {**final, "result": hosted.advertise(result, MODERN)}  # a 2026-07-28 method
 
             return discover
         if call.method == "tools/list" and hosting and call.caller.dialect.lists_task_support:

@@ -57,6 +57,8 @@ class TaskFacts(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
+    """One era's tasks dialect: the shapes and names its task messages use."""
+
     era: Era
     ttl_key: str
     poll_key: str
