@@ -56,7 +56,7 @@ opened late on a busy machine still starts at 0 (else seq.starts_at_zero would b
 TWO_CALLERS = ("--header", "Authorization: Bearer alice", "--other-header", "Authorization: Bearer bob")
 """Two principals of the native server, so auth.same_as_tasks_get runs."""
 
-VARIANT_KIT_OPTIONS = ("--era", "legacy", "--timeout", "2", "--args", '{"steps": 6, "delay": 0.15}', *TWO_CALLERS)
+VARIANT_KIT_OPTIONS = ("--era", "legacy", "--timeout", "3", "--args", '{"steps": 6, "delay": 0.15}', *TWO_CALLERS)
 """How the kit is run against a broken variant (and the correct server it is compared with), kept short:
 2025-11-25 shows every defect; `slow_build` still emits 15 events, in 0.9 s; a 2 s bound on each wait
 keeps the stream that never ends (no_terminal_result) short and is still twice the task."""
