@@ -1,18 +1,22 @@
 """The SEP-2694 conformance kit (`mcp-task-gateway conformance`): it passes, with no failure, against
 the gateway in front of the example server (both eras, hosted tasks; and with a retention small enough
-that its events_gone checks run), and in front of server-everything (pass-through, 2025-11-25); its
-pure parts (check registry, reports, the generated docs) are checked on their own.
+that its events_gone checks run), in front of server-everything (pass-through, 2025-11-25), and against
+the native reference server directly (both eras, two callers, retention it can overrun); each broken
+variant of the native server fails on the check named for it, which the correct server passes with the
+same options. Its pure parts (check registry, reports, the generated docs) are checked on their own.
 
 `run_kit(url, *options)` runs the real command against any URL and returns its exit status, JSON
-report and table: a new target (a native server, a broken variant) is one more call of it.
+report and table: a new target is one more call of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -23,24 +27,39 @@ from gateway.conformance import command, docs
 from gateway.conformance.checks import Verdicts, type_is_prefixed
 from gateway.conformance.registry import BY_ID, CHECKS, ERAS, SECTIONS, Result, checks_for
 from gateway.conformance.report import as_json, junit, summary, table
-from tests.conftest import EXAMPLE_SERVER, ROOT, free_port, start_gateway
+from tests.conftest import EXAMPLE_SERVER, ROOT, free_port, serve_http, start_gateway
+from tests.test_native_stream_server import BROKEN, DEFECTS, NATIVE
 from tests.test_upstream_with_tasks import node_command
 
-FIXED_IDS = (
-    "seq.starts_at_zero",
-    "seq.contiguous",
-    "resume.after_cursor",
-    "events_gone.error_shape",
-    "events_gone.earliest_seq",
-    "events_gone.not_silent",
-    "end.terminal_result",
-    "cancel.task_survives",
-    "event.type_prefixed",
-    "event.payload_object",
-    "stream.one_per_task",
-    "auth.same_as_tasks_get",
-)
-"""The ids the broken test servers are named for (issue 13): they must exist, unchanged."""
+VARIANT_CHECKS = {
+    "first_seq_1": "seq.starts_at_zero",
+    "skipped_seq": "seq.contiguous",
+    "duplicates_after_resume": "resume.after_cursor",
+    "events_gone_wrong_code": "events_gone.error_shape",
+    "events_gone_no_earliest": "events_gone.earliest_seq",
+    "events_gone_silent_skip": "events_gone.not_silent",
+    "no_terminal_result": "end.terminal_result",
+    "cancel_cancels_task": "cancel.task_survives",
+    "unprefixed_types": "event.type_prefixed",
+    "payload_not_object": "event.payload_object",
+    "concurrent_streams_allowed": "stream.one_per_task",
+    "foreign_caller_allowed": "auth.same_as_tasks_get",
+}
+"""Each broken native server (tests/servers/broken_native_server.py) and the check it must fail (issue 13):
+these ids must exist, unchanged."""
+
+OVERRUN_RETENTION = ("--max-events-per-task", "10")
+"""Native server options the kit can overrun, so its events_gone checks run: `slow_build` with the kit's
+default arguments emits 15 events. Seq 0 is kept until the tool's 11th event, 1.25 s in, so a stream
+opened late on a busy machine still starts at 0 (else seq.starts_at_zero would be skipped)."""
+
+TWO_CALLERS = ("--header", "Authorization: Bearer alice", "--other-header", "Authorization: Bearer bob")
+"""Two principals of the native server, so auth.same_as_tasks_get runs."""
+
+VARIANT_KIT_OPTIONS = ("--era", "legacy", "--timeout", "3", "--args", '{"steps": 6, "delay": 0.15}', *TWO_CALLERS)
+"""How the kit is run against a broken variant (and the correct server it is compared with), kept short:
+2025-11-25 shows every defect; `slow_build` still emits 15 events, in 0.9 s; a 2 s bound on each wait
+keeps the stream that never ends (no_terminal_result) short and is still twice the task."""
 
 KIT_TIMEOUT = 150.0
 """Seconds one run of the kit may take (a run is a few seconds per era; each of its waits is bounded)."""
@@ -134,6 +153,60 @@ async def test_gateway_passing_through_server_everything_conforms() -> None:
     assert {("legacy", "history.late_joiner"), ("legacy", "cancel.task_survives")} <= outcomes(report, "pass")
 
 
+@contextlib.asynccontextmanager
+async def native_server(tmp_path: Path, *options: str, variant: str | None = None) -> AsyncIterator[str]:
+    """The native reference server (or its broken `variant`) on a free port; its URL."""
+    command = NATIVE if variant is None else [*BROKEN, "--variant", variant]
+    log = tmp_path / f"{variant or 'native'}.log"
+    async with serve_http(command, *options, log=log, port_option="--port") as url:
+        yield url
+
+
+async def test_the_native_reference_server_conforms_in_both_eras(tmp_path: Path) -> None:
+    async with native_server(tmp_path, *OVERRUN_RETENTION) as url:
+        code, report, text = await run_kit(url, "--era", "both", *TWO_CALLERS)
+    assert_conforms(code, report, text, ERAS)
+    skipped = {(r["era"], r["id"]): r["reason"] for r in report["results"] if r["status"] == "skip"}
+    # Everything else ran and passed: events_gone (retention overrun) and authorization (two callers) included.
+    assert set(skipped) == {("modern", "stream.one_per_task"), ("modern", "modern.name_header")}, text
+    assert "does not read Mcp-Name on tasks/stream" in skipped["modern", "modern.name_header"]
+
+
+async def correct_report(
+    reports: dict[tuple[str, ...], dict[str, Any]], tmp_path: Path, server_options: tuple[str, ...]
+) -> dict[str, Any]:
+    """The kit's report (VARIANT_KIT_OPTIONS) on the correct native server with `server_options`,
+    run once per option set and kept in `reports`."""
+    if server_options not in reports:
+        async with native_server(tmp_path, *server_options) as url:
+            code, reports[server_options], text = await run_kit(url, *VARIANT_KIT_OPTIONS)
+        assert code == 0, text
+    return reports[server_options]
+
+
+@pytest.fixture(scope="module")
+def correct_reports() -> dict[tuple[str, ...], dict[str, Any]]:
+    """The correct server's reports by server options, shared by the variant tests (see correct_report)."""
+    return {}
+
+
+def test_every_broken_variant_is_named_for_a_check() -> None:
+    assert sorted(VARIANT_CHECKS) == sorted(DEFECTS)
+
+
+@pytest.mark.parametrize(("variant", "check_id"), sorted(VARIANT_CHECKS.items()))
+async def test_each_broken_native_variant_fails_on_its_check(
+    tmp_path: Path, correct_reports: dict[tuple[str, ...], dict[str, Any]], variant: str, check_id: str
+) -> None:
+    server_options = OVERRUN_RETENTION if check_id.startswith("events_gone.") else ()
+    async with native_server(tmp_path, *server_options, variant=variant) as url:
+        code, report, text = await run_kit(url, *VARIANT_KIT_OPTIONS)
+    assert code == 1, text
+    assert ("legacy", check_id) in outcomes(report, "fail"), text
+    correct = await correct_report(correct_reports, tmp_path, server_options)
+    assert ("legacy", check_id) in outcomes(correct, "pass")
+
+
 async def test_a_target_that_does_not_answer_fails_the_run() -> None:
     code, report, text = await run_kit(f"http://127.0.0.1:{free_port()}/mcp", "--era", "legacy", "--timeout", "5")
     assert code == 1, text
@@ -156,7 +229,7 @@ def test_bad_options_are_refused_with_status_2(capsys: pytest.CaptureFixture[str
 def test_check_ids_are_unique_and_include_the_fixed_ones() -> None:
     ids = [check.id for check in CHECKS]
     assert len(ids) == len(set(ids))
-    assert set(FIXED_IDS) <= set(ids)
+    assert set(VARIANT_CHECKS.values()) <= set(ids)
     for check in CHECKS:
         assert check.section in SECTIONS, check.id
         assert check.sentence and check.method, check.id

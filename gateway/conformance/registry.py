@@ -307,10 +307,14 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "modern.name_header",
         "2026-07-28 envelope",
-        "SHOULD",
-        "(2026-07-28, SEP-2663 by analogy) tasks/get, tasks/update and tasks/cancel MUST carry Mcp-Name: "
-        "<taskId>; a server that processes the body answers 400 + -32020 when the headers do not agree with it.",
-        "tasks/stream with an `Mcp-Name` header other than its `taskId` gets HTTP 400 and -32020.",
+        "MUST",
+        "(2026-07-28 transport) A server that processes the body MUST check that the headers agree with it, and "
+        "answer 400 + -32020 if they do not. (SEP-2694 gives tasks/stream no routing header; SEP-2663 requires "
+        "Mcp-Name: <taskId> on tasks/get, tasks/update and tasks/cancel, and a server may require it on "
+        "tasks/stream by analogy.)",
+        "tasks/stream with an `Mcp-Name` header other than its `taskId`: a target that refuses it answers HTTP "
+        "400 and -32020, with no event. Skipped when the target serves the stream anyway (it does not read "
+        "`Mcp-Name` on tasks/stream, which neither SEP requires).",
         MODERN_ONLY,
     ),
     Check(
