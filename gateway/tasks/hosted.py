@@ -259,7 +259,7 @@ class HostedTasks:
 
     async def method(self, caller: Caller, message: Message) -> Message:
         """tasks/get, tasks/cancel, and tasks/list (2025-11-25) or tasks/update (2026-07-28), in the
-        caller's dialect (tasks/result blocks: see the edge)."""
+        caller's dialect (tasks/result waits: `plans.AwaitResult`)."""
         method, request_id = message["method"], message["id"]
         params = jsonrpc.params_of(message)
         dialect = caller.dialect

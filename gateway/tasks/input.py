@@ -6,7 +6,8 @@ stream, else the owning session's GET stream, carries it to the client, and the 
 back upstream on the call's channel. 2026-07-28 (MRTR): the call ends with `resultType:
 "input_required"`; the task shows the round's `inputRequests` under keys unique over its life, collects
 answers through `tasks/update`, and the call is retried upstream with `inputResponses` and the echoed
-`requestState`. Every step is an `input.*` event in the task's log. No HTTP here: the edge delivers.
+`requestState`. Every step is an `input.*` event in the task's log. No HTTP here: the service's plans
+carry the requests to the client (`plans.AwaitResult`, or the session's GET stream).
 """
 
 from __future__ import annotations
