@@ -70,12 +70,12 @@ class TaskService:
 
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
-        with the gateway's task capability in it."""
+        with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
         capabilities = result.get("capabilities")
-        session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
+        session.upstream_has_tasks = isinstance(capabilities, dict) and LEGACY.capability_key in capabilities
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
-        return self._hosted.advertise(result, LEGACY)  # initialize is a 2025-11-25 method
+        return self._hosted.advertise(result, LEGACY)
 
     async def client_notification(self, session: Session, message: Message, headers: Mapping[str, str]) -> None:
         """A notifications/cancelled for a request the gateway serves itself stops it there; the rest go on."""
