@@ -189,7 +189,8 @@ async def bench_resume(events: int) -> None:
         for _ in range(events // 10_000):
             await registry.log.append(task.id, [body] * 10_000)
         fill = time.perf_counter() - started
-        bounds = await registry.bounds(task)
+        bounds = await registry.log.bounds(task.id)
+        assert bounds is not None
         async with aiohttp.ClientSession(headers=HEADERS) as http:
             headers = await open_session(http, url)
             results: dict[str, list[float]] = {"baseline": [], "tail": [], "start": []}

@@ -493,13 +493,13 @@ async def test_tasks_stream(gateway: Gateway) -> None:
     assert (plan.task_id, plan.first_seq) == (task.id, 0)
     bounds = await plan.log.bounds(task.id)
     assert bounds is not None and bounds.sealed  # the ended task's log tells the stream it is over
-    assert gateway.service.open_streams == 1 and task.open_streams == 1
+    assert gateway.service.open_streams == 1 and gateway.service.task_streams[task.id] == 1
     if gateway.session is not None:
         assert gateway.session.has_task_stream(task.id)
     recorder = Recorder()
     await stream_events(plan, cast(Responder, recorder))
     await call.resources.aclose()
-    assert gateway.service.open_streams == 0 and task.open_streams == 0
+    assert gateway.service.open_streams == 0 and gateway.service.task_streams[task.id] == 0
     if gateway.session is not None:
         assert not gateway.session.has_task_stream(task.id)
     assert recorder.messages == [answer(message, dict(dialect_of(gateway.era).empty_result))]

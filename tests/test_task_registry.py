@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.events.capture import Capture
-from gateway.events.log import MemoryEventLog
+from gateway.events.log import LogBounds, MemoryEventLog
 from gateway.metrics import Metrics
 from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import Era
@@ -28,6 +28,12 @@ def registry(record_events: bool = True, retention: dict[str, object] | None = N
     return TaskRegistry(
         config.tasks, config.retention, store, MemoryEventLog(100), capture, Metrics(), record_events=record_events
     )
+
+
+async def log_bounds(tasks: TaskRegistry, task: Task) -> LogBounds:
+    bounds = await tasks.log.bounds(task.id)
+    assert bounds is not None
+    return bounds
 
 
 async def test_a_task_is_visible_only_to_its_owner() -> None:
@@ -65,7 +71,7 @@ async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None
     assert await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"jsonrpc": "2.0", "id": 1, "result": {}})
     assert not await tasks.set_status(task, TaskStatus.FAILED, "late")
     assert task.status is TaskStatus.COMPLETED and task.done.is_set()
-    bounds = await tasks.bounds(task)
+    bounds = await log_bounds(tasks, task)
     events = await tasks.log.read(task.id, -1, 10)
     assert bounds.next_seq == len(events) == 3  # created, status, terminal
     assert b"task.terminal" in events[-1].body
@@ -76,7 +82,7 @@ async def test_with_events_disabled_nothing_is_recorded() -> None:
     task = await tasks.create("a", "t", None, dialect=DIALECT)
     await tasks.set_status(task, TaskStatus.FAILED, "boom")
     assert task.status is TaskStatus.FAILED
-    assert (await tasks.bounds(task)).next_seq == 0
+    assert (await log_bounds(tasks, task)).next_seq == 0
 
 
 async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
@@ -188,7 +194,7 @@ async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task
         "isError": False,
         "content": [{"type": "text", "bytes": 3}],
     }
-    assert stored.next_seq == (await tasks.bounds(task)).next_seq == 3  # created, status, terminal
+    assert stored.next_seq == (await log_bounds(tasks, task)).next_seq == 3  # created, status, terminal
     assert await tasks.store.outcome(task.id) == orjson.dumps(text_result(3))
 
 
@@ -203,7 +209,7 @@ async def test_a_status_change_another_writer_got_to_first_loses_and_records_not
     stored = await tasks.store.find(task.id)
     assert stored is not None and stored.status is TaskStatus.CANCELLED
     assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
-    assert (await tasks.bounds(task)).next_seq == 3  # task.created and the other writer's two: none of ours
+    assert (await log_bounds(tasks, task)).next_seq == 3  # task.created and the other writer's two: none of ours
     assert not task.done.is_set()
 
 

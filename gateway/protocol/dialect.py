@@ -47,7 +47,7 @@ class TaskFacts(Protocol):
 
 class TaskDetails(TaskFacts, Protocol):
     """What a 2026-07-28 `tasks/get` shows besides: the open input requests and the kept outcome
-    (the registry's `Task` has them)."""
+    (the registry's `Task` has them, and so does a task read back from the stores)."""
 
     @property
     def input_requests(self) -> dict[str, Any]:
@@ -83,6 +83,9 @@ class Dialect:
     tool_error_fails_task: bool
     """Whether a tool result with `isError` makes a hosted task `failed` (SEP-1686) rather than
     `completed` with that result (SEP-2663)."""
+    detailed_views: bool
+    """Whether `tasks/get` shows the DetailedTask (SEP-2663: the open `inputRequests`, the outcome
+    inlined once terminal) or the plain Task (SEP-1686 keeps the outcome for `tasks/result`)."""
     lists_task_support: bool
     """Whether `tools/list` shows each tool's `execution.taskSupport` (SEP-1686; in SEP-2663 the
     server decides per call)."""
@@ -113,7 +116,7 @@ class Dialect:
         """What `tasks/get` shows: the Task; in 2026-07-28 the DetailedTask, with the outstanding
         `inputRequests` while input_required and the outcome inlined once terminal."""
         view = self.task(task)
-        if self.era is Era.LEGACY:  # SEP-1686 keeps the outcome for tasks/result and shows no input
+        if not self.detailed_views:
             return view
         status = str(task.status)
         if status == "input_required":
@@ -153,7 +156,7 @@ class Dialect:
     def inlined_outcome(self, view: Mapping[str, Any]) -> Message | None:
         """The outcome a task view carries: a 2026-07-28 DetailedTask's `result` when completed, its
         `error` when failed; a 2025-11-25 Task never carries one."""
-        if self.era is Era.LEGACY:
+        if not self.detailed_views:
             return None
         if view.get("status") == "completed" and "result" in view:
             return {"result": view["result"]}
@@ -233,6 +236,7 @@ LEGACY = Dialect(
     cancelled_has_outcome=True,
     ended_cancel_is_error=True,
     tool_error_fails_task=True,
+    detailed_views=False,
     lists_task_support=True,
     capability_key="tasks",
     hosted_capability=HOSTED_TASKS_CAPABILITY,
@@ -249,6 +253,7 @@ MODERN = Dialect(
     cancelled_has_outcome=False,
     ended_cancel_is_error=False,
     tool_error_fails_task=False,
+    detailed_views=True,
     lists_task_support=False,
     capability_key=TASKS_EXTENSION,
     hosted_capability={},

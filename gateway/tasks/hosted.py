@@ -24,11 +24,12 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, Dialect, dialect_of, unknown_task
+from gateway.protocol.dialect import LEGACY, Dialect, TaskDetails, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
-from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required
-from gateway.tasks.records import TaskStatus
+from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
+from gateway.tasks.reads import StoredTask, TaskReads
+from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.registry import InputListener, StatusListener, Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import InvalidCursor
 from gateway.upstream.base import Exchange, UpstreamChannel
@@ -64,6 +65,7 @@ class HostedTasks:
     def __init__(self, registry: TaskRegistry, config: TasksConfig, retention: RetentionConfig, events: bool):
         self.registry = registry
         self.input = TaskInput(registry)
+        self.reads = TaskReads(registry.store, registry.log)
         self._config = config
         self._retention = retention
         self._events = events
@@ -259,28 +261,45 @@ class HostedTasks:
 
     async def method(self, caller: Caller, message: Message) -> Message:
         """tasks/get, tasks/cancel, and tasks/list (2025-11-25) or tasks/update (2026-07-28), in the
-        caller's dialect (tasks/result waits: `plans.AwaitResult`)."""
+        caller's dialect (tasks/result: `result` once ended, else `plans.AwaitResult`), read from the
+        stores so that a task another process runs answers like one this process runs."""
         method, request_id = message["method"], message["id"]
         params = jsonrpc.params_of(message)
         dialect = caller.dialect
         if method == "tasks/list":
             return result_message(request_id, await self._list(caller, params.get("cursor"), request_id))
-        task = self.task_named(caller, message)
+        record = await self.record_named(caller, message)
+        task = self.registry.find(record.id)  # None: another process runs it (only that one can drive it)
+        if method == "tasks/get":
+            requests = task.input_requests if task is not None else None
+            details = await self.reads.stored(record, with_outcome=dialect.detailed_views, input_requests=requests)
+            return result_message(request_id, dialect.get_result(details))
         if method == "tasks/update":
-            await self.input.update(task, params, request_id)
+            responses = input_responses(params, request_id)
+            if task is not None:
+                await self.input.update(task, responses)
+            elif not record.terminal:
+                raise task_elsewhere(record, request_id)
             return result_message(request_id, dict(dialect.empty_result))
-        if method == "tasks/cancel":
-            if not task.terminal or dialect.ended_cancel_is_error:
-                await self.cancel(task, request_id)
-            return result_message(request_id, dialect.cancel_result(task))
-        return result_message(request_id, dialect.get_result(task))
-
-    def task_named(self, caller: Caller, message: Message) -> Task:
-        """The caller's task a task request names; -32602 for an unknown or foreign id."""
-        task = self.registry.get(caller.owner, jsonrpc.params_of(message).get("taskId"))
+        if record.terminal:  # tasks/cancel
+            if dialect.ended_cancel_is_error:
+                raise already_ended(record, request_id)
+            return result_message(request_id, dialect.cancel_result(record))
         if task is None:
+            raise task_elsewhere(record, request_id)
+        await self.cancel(task, request_id)
+        return result_message(request_id, dialect.cancel_result(task))
+
+    async def record_named(self, caller: Caller, message: Message) -> TaskRecord:
+        """The caller's record of the task a request names; -32602 for an unknown or foreign id."""
+        record = await self.reads.record(caller.owner, jsonrpc.params_of(message).get("taskId"))
+        if record is None:
             raise unknown_task(message["id"])
-        return task
+        return record
+
+    async def result(self, record: TaskRecord, request_id: RequestId) -> Message:
+        """What tasks/result answers for an ended task: the outcome the store keeps."""
+        return related_outcome(StoredTask(record, await self.reads.outcome(record)), request_id)
 
     async def _list(self, caller: Caller, cursor: object, request_id: RequestId) -> dict[str, Any]:
         """A page of the caller's tasks, from the task store (so records this process does not run count)."""
@@ -297,18 +316,37 @@ class HostedTasks:
 
     async def cancel(self, task: Task, request_id: RequestId) -> None:
         if task.terminal:
-            raise ProtocolError(
-                jsonrpc.INVALID_PARAMS,
-                f"Invalid params: task is already {task.status.value} and cannot be cancelled",
-                request_id=request_id,
-            )
+            raise already_ended(task.record, request_id)
         hook, task.cancel = task.cancel, None
         await self.registry.set_status(task, TaskStatus.CANCELLED, "cancelled by the client")
         if hook is not None:
             await hook()
 
 
-def related_outcome(task: Task, request_id: RequestId) -> Message:
+def already_ended(record: TaskRecord, request_id: RequestId) -> ProtocolError:
+    return ProtocolError(
+        jsonrpc.INVALID_PARAMS,
+        f"Invalid params: task is already {record.status.value} and cannot be cancelled",
+        request_id=request_id,
+    )
+
+
+def task_elsewhere(record: TaskRecord, request_id: RequestId) -> ProtocolError:
+    """-32603 for a cancel or an input answer of a running task another gateway process runs (a
+    replica, or this process before a restart): only that process holds the call to cancel or answer.
+
+    The seam for shared stores: there, the request is to be recorded in the task store for the owning
+    process to carry out (and the answer given as for a local task); until then it is refused, saying
+    so, and never mistaken for an unknown task (the caller owns it)."""
+    return ProtocolError(
+        jsonrpc.INTERNAL_ERROR,
+        "Internal error: the task is running in another gateway process; this request must reach that process",
+        data={"reason": "task_elsewhere", "taskId": record.id},
+        request_id=request_id,
+    )
+
+
+def related_outcome(task: TaskDetails, request_id: RequestId) -> Message:
     """What tasks/result returns: exactly the upstream's result or error, tagged with related-task."""
     related = {RELATED_TASK_KEY: {"taskId": task.id}}
     outcome = task.outcome
@@ -317,6 +355,6 @@ def related_outcome(task: Task, request_id: RequestId) -> Message:
         return result_message(request_id, {**result, "_meta": {**(result.get("_meta") or {}), **related}})
     if outcome is not None and isinstance(outcome.get("error"), dict):
         return {"jsonrpc": "2.0", "id": request_id, "error": outcome["error"]}
-    error = jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, f"Task {task.status.value}")
+    error = jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, f"Task {task.status}")
     error["error"]["data"] = {"_meta": related}
     return error

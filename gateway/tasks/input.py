@@ -60,6 +60,20 @@ def with_related_task(message: Message, task_id: str) -> Message:
     return {**message, "params": {**params, "_meta": meta}}
 
 
+def input_responses(params: dict[str, Any], request_id: RequestId) -> dict[str, Any]:
+    """The `inputResponses` of a tasks/update (none: empty), or -32602 when they are not key -> object."""
+    responses = params.get("inputResponses")
+    if responses is None:
+        return {}
+    if not isinstance(responses, dict) or not all(isinstance(value, dict) for value in responses.values()):
+        raise ProtocolError(
+            jsonrpc.INVALID_PARAMS,
+            "Invalid params: inputResponses must map input keys to response objects",
+            request_id=request_id,
+        )
+    return responses
+
+
 def fresh_key(key: str, number: int, used: set[str]) -> str:
     """An input key the task has not used yet: the upstream's, else namespaced by round (`r2.<key>`)."""
     candidate, n = key, 1
@@ -183,18 +197,10 @@ class TaskInput:
             params["requestState"] = state
         return {**call.message, "id": f"gateway-task-{task.id}-{number}", "params": params}
 
-    async def update(self, task: Task, params: dict[str, Any], request_id: RequestId) -> None:
-        """tasks/update: store answers to outstanding input requests; unknown and already-answered keys
-        are ignored. The answer that completes the round sends the task back to working."""
-        responses = params.get("inputResponses")
-        if responses is None:
-            return
-        if not isinstance(responses, dict) or not all(isinstance(value, dict) for value in responses.values()):
-            raise ProtocolError(
-                jsonrpc.INVALID_PARAMS,
-                "Invalid params: inputResponses must map input keys to response objects",
-                request_id=request_id,
-            )
+    async def update(self, task: Task, responses: dict[str, Any]) -> None:
+        """tasks/update's `input_responses`: store answers to outstanding input requests; unknown and
+        already-answered keys are ignored. The answer that completes the round sends the task back to
+        working."""
         round_ = task.input_round
         if round_ is None or task.terminal or round_.answered.is_set():
             return

@@ -19,11 +19,12 @@ from gateway.config import ServerConfig, TasksConfig
 from gateway.events.log import EventLog
 from gateway.events.stream import Write, run_stream
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import dialect_of
+from gateway.protocol.dialect import dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import Caller, HostedTasks, related_outcome
+from gateway.tasks.hosted import Caller, HostedTasks
+from gateway.tasks.records import TaskRecord
 from gateway.tasks.registry import ANONYMOUS, PendingRequest, Task
 from gateway.upstream.base import Exchange, UpstreamChannel
 from gateway.waiting import wait_any
@@ -157,35 +158,61 @@ class StreamEvents:
 
 
 class AwaitResult:
-    """Legacy tasks/result: wait until the task is terminal, carrying the task's server-to-client requests
-    to the client as they come (SEP-1686 input_required), then answer exactly what the upstream returned.
-    Holds the task's `result_streams` until `close`."""
+    """Legacy tasks/result of a task still running: wait until it ends, then answer exactly the outcome
+    the store keeps (`HostedTasks.result`).
 
-    def __init__(self, hosted: HostedTasks, task: Task, session: Session, request_id: RequestId) -> None:
+    A task this process runs (`task`) wakes the wait when it ends, and its server-to-client requests
+    are carried to the client as they come (SEP-1686 input_required); the plan holds the task's
+    `result_streams` until `close`. A task another process runs (`task` None) is watched through its
+    log, which that process seals when the task ends, then read again from the store; its requests
+    reach the client only through that process."""
+
+    def __init__(
+        self, hosted: HostedTasks, record: TaskRecord, task: Task | None, session: Session, request_id: RequestId
+    ) -> None:
         self._hosted = hosted
+        self._record = record
         self._task = task
         self._session = session
         self._request_id = request_id
         self._carrying = True
         self._claimed = False
-        task.result_streams += 1
+        if task is not None:
+            task.result_streams += 1
 
     async def next(self, wait_s: float) -> tuple[list[Message], Message | None]:
         """The task's requests to carry to the client now, or the final answer; ([], None) when
         `wait_s` passed with neither (time for a keep-alive)."""
         task = self._task
         while True:
-            claimed = self._hosted.input.claim_undelivered(task)
+            claimed = self._hosted.input.claim_undelivered(task) if task is not None else []
             if claimed:
+                assert task is not None
                 for pending in claimed:
                     route_answer(self._hosted, self._session, task, pending)
                     pending.carried_by = self._carries
                 self._claimed = True
                 return [pending.request for pending in claimed], None
-            if task.done.is_set():
-                return [], related_outcome(task, self._request_id)
-            if not await wait_any((task.done, task.undelivered), wait_s):
+            record = await self._hosted.reads.record(self._record.owner, self._record.id)
+            if record is None:  # its ttl ran out meanwhile
+                return [], unknown_task(self._request_id).to_message()
+            if record.terminal:
+                return [], await self._hosted.result(record, self._request_id)
+            self._record = record
+            woken = await (wait_any((task.done, task.undelivered), wait_s) if task is not None else self._watch(wait_s))
+            if not woken:
                 return [], None
+
+    async def _watch(self, wait_s: float) -> bool:
+        """Wait for the log of a task another process runs to grow or be sealed."""
+        log, record = self._hosted.reads.log, self._record
+        bounds = await log.bounds(record.id)
+        if bounds is not None and not bounds.sealed:
+            return await log.wait(record.id, bounds.next_seq - 1, wait_s)
+        # Sealed a moment before the record turns terminal (the log is written first), or gone with the
+        # record: read the store again after the task's poll interval, not in a busy loop.
+        await asyncio.sleep(min(wait_s, record.poll_interval_ms / 1000))
+        return False
 
     def _carries(self) -> bool:
         return self._carrying
@@ -193,6 +220,8 @@ class AwaitResult:
     def close(self) -> None:
         task = self._task
         self._carrying = False
+        if task is None:
+            return
         task.result_streams -= 1
         if self._claimed and any(not pending.delivered for pending in task.pending_requests.values()):
             task.undelivered.set()  # unanswered: another (or the next) tasks/result carries them

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["TaskRecord", "TaskStatus", "UpstreamTaskRef", "iso_now"]
+__all__ = ["RecordView", "TaskRecord", "TaskStatus", "UpstreamTaskRef", "iso_now"]
 
 
 class TaskStatus(enum.StrEnum):
@@ -95,3 +95,50 @@ class TaskRecord:
                 "upstream": UpstreamTaskRef(**upstream) if upstream is not None else None,
             }
         )
+
+
+class RecordView:
+    """Read-only views of a `record`'s fields, for objects built around one (the registry's `Task`, a
+    task read back from the stores): a change is a new record, written through the registry."""
+
+    record: TaskRecord
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def owner(self) -> str:
+        return self.record.owner
+
+    @property
+    def tool(self) -> str:
+        return self.record.tool
+
+    @property
+    def ttl_ms(self) -> int:
+        return self.record.ttl_ms
+
+    @property
+    def poll_interval_ms(self) -> int:
+        return self.record.poll_interval_ms
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.record.status
+
+    @property
+    def status_message(self) -> str | None:
+        return self.record.status_message
+
+    @property
+    def created_at(self) -> str:
+        return self.record.created_at
+
+    @property
+    def last_updated_at(self) -> str:
+        return self.record.last_updated_at
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal

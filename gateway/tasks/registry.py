@@ -30,12 +30,12 @@ import orjson
 
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
-from gateway.events.log import EventLog, LogBounds, LogSealed
+from gateway.events.log import EventLog, LogSealed
 from gateway.events.summaries import summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
+from gateway.tasks.records import RecordView, TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
 from gateway.tasks.store import TaskPage, TaskStore
 
 log = logging.getLogger("gateway.tasks")
@@ -107,7 +107,7 @@ class InputRound:
 
 
 @dataclass(eq=False)
-class Task:
+class Task(RecordView):
     """This process's handle on a task it runs or watches: the record as last written here (through
     the registry, the only writer), and the runtime that drives the task."""
 
@@ -118,7 +118,6 @@ class Task:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
-    open_streams: int = 0
     on_input: InputListener | None = None
     pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
     """Legacy: the upstream's server-to-client requests still waiting for the client's response."""
@@ -133,47 +132,6 @@ class Task:
     upstream: Any = None
     """For a task the upstream hosts: the pass-through watcher's state (a `passthrough.UpstreamTask`:
     its conversation, what was last observed); the record's `upstream` says where it lives."""
-
-    # Read-only views of the record: a change is a new record, written through the registry.
-    @property
-    def id(self) -> str:
-        return self.record.id
-
-    @property
-    def owner(self) -> str:
-        return self.record.owner
-
-    @property
-    def tool(self) -> str:
-        return self.record.tool
-
-    @property
-    def ttl_ms(self) -> int:
-        return self.record.ttl_ms
-
-    @property
-    def poll_interval_ms(self) -> int:
-        return self.record.poll_interval_ms
-
-    @property
-    def status(self) -> TaskStatus:
-        return self.record.status
-
-    @property
-    def status_message(self) -> str | None:
-        return self.record.status_message
-
-    @property
-    def created_at(self) -> str:
-        return self.record.created_at
-
-    @property
-    def last_updated_at(self) -> str:
-        return self.record.last_updated_at
-
-    @property
-    def terminal(self) -> bool:
-        return self.status.terminal
 
     @property
     def outcome(self) -> Message | None:
@@ -294,11 +252,6 @@ class TaskRegistry:
     async def list_owned(self, owner: str, cursor: str | None) -> TaskPage:
         """A page of the caller's task records from the store (InvalidCursor for a cursor it never gave)."""
         return await self.store.list_owned(owner, cursor, self._config.page_size)
-
-    async def bounds(self, task: Task) -> LogBounds:
-        """The task's log bounds; after retention deleted the log, its tombstone's (empty, still counting)."""
-        bounds = await self.log.bounds(task.id)
-        return bounds if bounds is not None else LogBounds(None, 0, sealed=True)  # the store was closed
 
     async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
         """Append `events` to the task's log; dropped once the log is sealed (the task ended: the stream

@@ -11,6 +11,7 @@ wait. It touches no HTTP; the edge carries the plan out.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -65,6 +66,9 @@ class TaskService:
         self._events_enabled = events_enabled
         self.open_streams = 0
         """tasks/stream requests open on this gateway, bounded by `max_streams_total`."""
+        self.task_streams: collections.Counter[str] = collections.Counter()
+        """Open tasks/stream requests per task id on this gateway, each bounded by `max_streams_per_task`
+        (per process: a task's streams on other replicas are not counted)."""
 
     # -- a legacy session's own messages ------------------------------------------------------------
 
@@ -242,9 +246,12 @@ class TaskService:
             )
         dialect.check_tasks_declared(call.message)
         if call.method == "tasks/result":
-            task = self._hosted.task_named(call.caller, call.message)
+            request_id = call.message["id"]
+            record = await self._hosted.record_named(call.caller, call.message)
+            if record.terminal:
+                return Reply(await self._hosted.result(record, request_id))
             assert call.session is not None
-            wait = AwaitResult(self._hosted, task, call.session, call.message["id"])
+            wait = AwaitResult(self._hosted, record, self._hosted.registry.find(record.id), call.session, request_id)
             call.resources.callback(wait.close)
             return wait
         return Reply(await self._hosted.method(call.caller, call.message))
@@ -355,14 +362,13 @@ class TaskService:
                 request_id=request_id,
             )
         call.caller.dialect.check_tasks_declared(call.message)
-        registry = self._hosted.registry
         try:
             task_id, after = parse_stream_params(call.message)
-            task = registry.get(call.caller.owner, task_id)
-            if task is None:
+            # From the stores alone: a task another process runs (or ran) streams like a local one.
+            record = await self._hosted.reads.record(call.caller.owner, task_id)
+            if record is None:
                 raise unknown_task(request_id)
-            bounds = await registry.bounds(task)
-            start = plan_stream(task.id, after, bounds)
+            start = plan_stream(record.id, after, await self._hosted.reads.bounds(record))
         except ProtocolError as error:
             error.request_id = request_id
             raise
@@ -375,39 +381,41 @@ class TaskService:
                 "retry later, resuming with `after`; close streams you no longer read",
                 request_id=request_id,
             )
-        if task.open_streams >= self._tasks.max_streams_per_task:
+        if self.task_streams[record.id] >= self._tasks.max_streams_per_task:
             raise Overloaded(
                 "tasks.max_streams_per_task",
-                f"the task already has {task.open_streams} streams",
+                f"the task already has {self.task_streams[record.id]} streams",
                 "retry later, resuming with `after`; close streams of this task you no longer read",
                 request_id=request_id,
             )
         session = call.session
         if session is not None:
-            if session.has_task_stream(task.id):
+            if session.has_task_stream(record.id):
                 raise ProtocolError(
                     jsonrpc.INVALID_PARAMS,
                     "Invalid params: a tasks/stream for this task is already active on this session; cancel it first",
-                    data={"reason": "stream_active", "taskId": task.id},
+                    data={"reason": "stream_active", "taskId": record.id},
                     request_id=request_id,
                 )
-            call.resources.enter_context(session.task_stream(task.id))
+            call.resources.enter_context(session.task_stream(record.id))
             stop = call.resources.enter_context(session.local_request(request_id))
         else:
             stop = asyncio.Event()
-        self._hold_stream(call, task)
+        self._hold_stream(call, record.id)
         return StreamEvents(
-            registry.log, task.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+            self._hosted.reads.log, record.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
         )
 
-    def _hold_stream(self, call: TaskCall, task: Task) -> None:
+    def _hold_stream(self, call: TaskCall, task_id: str) -> None:
         """Count the stream against the limits until the request ends."""
-        task.open_streams += 1
+        self.task_streams[task_id] += 1
         self.open_streams += 1
         self._metrics.task_streams.inc()
 
         def release() -> None:
-            task.open_streams -= 1
+            self.task_streams[task_id] -= 1
+            if not self.task_streams[task_id]:
+                del self.task_streams[task_id]
             self.open_streams -= 1
             self._metrics.task_streams.dec()
 
