@@ -26,7 +26,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.app import build_stores
+from gateway.app import Stores, build_stores
 from gateway.buffers import BufferBudget
 from gateway.config import Config
 from gateway.edge.relay import RelaySettings, relay
@@ -43,7 +43,7 @@ from gateway.sse import SseParser
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
-from gateway.tasks.registry import Task, TaskRegistry
+from gateway.tasks.registry import ANONYMOUS, Task, TaskRegistry
 from gateway.tasks.service import TaskService
 from gateway.upstream.base import Exchange, UpstreamChannel
 from tests.fake_upstream import OneConversation
@@ -191,7 +191,10 @@ class Gateway:
     """The task service with its real parts (registry, log, hosted runner, pass-through capture) over a
     scripted upstream, and one client: a legacy session, or modern requests."""
 
-    def __init__(self, era: Era, kind: str) -> None:
+    def __init__(
+        self, era: Era, kind: str, stores: Stores | None = None, retention: dict[str, Any] | None = None
+    ) -> None:
+        """`stores`: shared with another gateway (a second replica); else its own, per `[store]`."""
         config = Config.model_validate(
             {
                 "tasks": {
@@ -199,14 +202,15 @@ class Gateway:
                     "tools": [{"match": "*", "modern": "always", "input_window_ms": 0}],
                     "upstream_poll_min_ms": 3_600_000,
                     "upstream_poll_max_ms": 3_600_000,
-                }
+                },
+                "retention": retention or {},
             }
         )
         self.config = config
         self.era = era
         metrics = Metrics()
         capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-        stores = build_stores(config)
+        self.stores = stores = stores or build_stores(config)
         self.registry = TaskRegistry(config.tasks, config.retention, stores.tasks, stores.log, capture, metrics)
         self.upstream = ScriptedUpstream(kind)
         self.hosted = HostedTasks(self.registry, config.tasks, config.retention, True)
@@ -234,14 +238,14 @@ class Gateway:
             params = {**params, "_meta": meta}
         return {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
 
-    def call(self, message: Message) -> TaskCall:
+    def call(self, message: Message, owner: str = ANONYMOUS) -> TaskCall:
         async def channel() -> UpstreamChannel:
             return self.upstream
 
-        return TaskCall(message, self.era, {}, self.session, channel)
+        return TaskCall(message, self.era, {}, self.session, channel, owner)
 
-    async def plan(self, message: Message) -> tuple[TaskCall, Plan]:
-        call = self.call(message)
+    async def plan(self, message: Message, owner: str = ANONYMOUS) -> tuple[TaskCall, Plan]:
+        call = self.call(message, owner)
         return call, await self.service.plan(call)
 
     async def forward(self, plan: Plan) -> Message:
