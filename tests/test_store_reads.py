@@ -20,6 +20,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
+from gateway.edge.endpoint import error_response
 from gateway.edge.responder import Responder
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.events.stream import EVENTS_GONE
@@ -52,14 +53,17 @@ async def gateways(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Gatewa
 
 
 async def response(gateway: Gateway, message: Message, owner: str = ANONYMOUS) -> tuple[int, bytes, bytes]:
-    """What the client gets, carried out as the edge does: the HTTP status of a refusal (200 when
-    planned), the SSE bytes written before the final message, and the final message's JSON."""
+    """What the client gets, carried out as the edge does: the HTTP status (of a refusal, as the edge
+    renders it; 200 when planned), the SSE bytes written before the final message, and the final
+    message's JSON."""
     call = gateway.call(message, owner)
     try:
         plan = await gateway.service.plan(call)
     except ProtocolError as error:
         error.request_id = message["id"]
-        return error.http_status, b"", orjson.dumps(error.to_message())
+        refused = error_response(error, gateway.era, retry_after_s=1)
+        assert isinstance(refused.body, bytes)
+        return refused.status, b"", refused.body
     recorder = Recorder()
     try:
         if isinstance(plan, Reply):
@@ -177,7 +181,7 @@ async def test_what_needs_the_running_call_is_refused_as_running_elsewhere(gatew
         message = a.message(method, {"taskId": task.id, "inputResponses": {}})
         status, _, body = await response(b, message)
         error = orjson.loads(body)["error"]
-        assert (status, error["code"]) == (400, jsonrpc.INTERNAL_ERROR)
+        assert (status, error["code"]) == (200, jsonrpc.INTERNAL_ERROR)
         assert error["data"] == {"reason": "task_elsewhere", "taskId": task.id}
     assert task.status is TaskStatus.WORKING  # B changed nothing; A still runs it
     cancel = a.message("tasks/cancel", {"taskId": task.id})
