@@ -281,14 +281,15 @@ class HostedTasks:
             elif not record.terminal:
                 raise task_elsewhere(record, request_id)
             return result_message(request_id, dict(dialect.empty_result))
-        if record.terminal:  # tasks/cancel
-            if dialect.ended_cancel_is_error:
-                raise already_ended(record, request_id)
-            return result_message(request_id, dialect.cancel_result(record))
-        if task is None:
+        if task is not None:  # tasks/cancel
+            if not task.terminal or dialect.ended_cancel_is_error:
+                await self.cancel(task, request_id)
+            return result_message(request_id, dialect.cancel_result(task))
+        if not record.terminal:
             raise task_elsewhere(record, request_id)
-        await self.cancel(task, request_id)
-        return result_message(request_id, dialect.cancel_result(task))
+        if dialect.ended_cancel_is_error:
+            raise already_ended(record, request_id)
+        return result_message(request_id, dialect.cancel_result(record))
 
     async def record_named(self, caller: Caller, message: Message) -> TaskRecord:
         """The caller's record of the task a request names; -32602 for an unknown or foreign id."""
