@@ -30,9 +30,16 @@ from gateway.edge.task_routes import Call, TaskRoutes
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.era import (
+    CLIENT_CAPABILITIES_KEY,
+    LATEST_HANDSHAKE_VERSION,
+    MODERN_VERSIONS,
+    PROTOCOL_VERSION_KEY,
+    Era,
+)
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
+from gateway.replay import LAST_EVENT_ID, StreamGap
 from gateway.sessions import ResponseRoute, Session, SessionRegistry
 from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
 from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
@@ -229,6 +236,8 @@ class McpEndpoint:
         if "error" in final or not isinstance(final.get("result"), dict):
             await self._sessions.close(session.id)
             return json_response(final)
+        # Priming events are SEP-1699 (2025-11-25): older clients would try to parse their empty data.
+        session.streams.priming = str(final["result"].get("protocolVersion")) >= LATEST_HANDSHAKE_VERSION
         capabilities = final["result"].get("capabilities")
         session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
         if session.upstream_has_tasks:
@@ -397,7 +406,10 @@ class McpEndpoint:
         exchange = await channel.request(call.message, call.headers)
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
-        responder = Responder(call.request, self._metrics, write_timeout_s=self._config.write_timeout_s)
+        streams = call.session.streams if call.session is not None else None
+        responder = Responder(
+            call.request, self._metrics, write_timeout_s=self._config.write_timeout_s, streams=streams
+        )
         return await relay(
             exchange,
             responder,
@@ -482,11 +494,17 @@ class McpEndpoint:
         return session
 
     async def _get_stream(self, request: web.Request) -> web.StreamResponse:
+        """The standalone stream, or with Last-Event-ID the rest of the stream that id names: the events
+        after it, then live to its end (a forwarded response's stream ends with its response)."""
         checks.check_accept_stream(request.headers.get("Accept"))
         session = await self._session_for(request)
         self._budget.admit(None)
-        stream = session.open_get_stream()
-        if stream is None:
+        last_event_id = request.headers.get(LAST_EVENT_ID)
+        if last_event_id is not None:
+            stream, after = session.streams.resume(last_event_id)
+        elif (standalone := session.streams.open_standalone()) is not None:
+            stream, after = standalone, 0
+        else:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
@@ -494,17 +512,28 @@ class McpEndpoint:
         session.open_streams += 1
         responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         try:
-            await responder.keepalive()
-            while (batch := await stream.next_batch(self._config.keepalive_s)) is not None:
-                await (responder.send(batch) if batch else responder.keepalive())
+            opening = stream.opening(after)
+            await (responder.write(opening) if opening else responder.keepalive())
+            while True:
+                frames, after = stream.after(after)
+                if frames:
+                    await responder.write(frames)
+                    stream.written(after)
+                elif stream.ended:
+                    break
+                elif not await stream.grown(self._config.keepalive_s):
+                    await responder.keepalive()
             assert responder.stream is not None
             await responder.stream.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError, SlowClient):
+            if stream is not session.streams.standalone:
+                session.streams.forget(stream)  # a response's stream, written to its end
+        except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
+            # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
             if responder.stream is None:
                 raise
             responder.abandon()
         finally:
-            session.close_get_stream(stream)
+            session.streams.detach(stream)
             session.open_streams -= 1
             responder.close()
         assert responder.stream is not None

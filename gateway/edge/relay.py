@@ -5,6 +5,9 @@ The relay writes each batch the moment it arrives. Optional hooks serve the othe
 `tools/list`, and learns the tasks an upstream creates), `observed` (a list that collects what was
 relayed before the response), and a `Handoff` that turns a call still running at a deadline into a
 gateway-hosted task: the handoff answers the client and takes the exchange over.
+
+A 2025-11-25 call whose resumable SSE response loses its connection is relayed on, unattended, into
+its replay stream (the session owns that relay), so that a GET with Last-Event-ID can resume it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ async def relay(
     requests relayed here, instead of the session's own upstream channel."""
     started = time.perf_counter()
     pacer = WritePacer(flush_interval_s)
+    unattended = False
     if observed is None and handoff is not None:
         observed = []  # what the handoff passes on to the task
     try:
@@ -99,14 +103,30 @@ async def relay(
             elif wait >= keepalive_s:
                 await responder.keepalive()
     except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
-        if handoff is None or not handoff.taken:
+        if session is not None and responder.resumable and (handoff is None or not handoff.taken):
+            assert responder.replay is not None
+            unattended = True
+            go_on = relay(
+                exchange,
+                responder,
+                era,
+                metrics,
+                keepalive_s,
+                session=session,
+                transform=transform,
+                observed=observed,
+                answer_route=answer_route,
+                flush_interval_s=0,
+            )
+            session.streams.run_on(responder.replay, go_on)
+        elif handoff is None or not handoff.taken:
             await _client_gone(exchange, era, metrics)
         response = responder.abandon()
         if response is None or isinstance(exc, asyncio.CancelledError):
             raise
         return response
     finally:
-        if handoff is None or not handoff.taken:
+        if not unattended and (handoff is None or not handoff.taken):
             exchange.detach()  # what it held no longer counts (a cut call's later messages are discarded)
         responder.close()
 

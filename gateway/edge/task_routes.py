@@ -183,11 +183,11 @@ class TaskRoutes:
 
         async def deliver_input(task: Task, pending: PendingRequest) -> None:
             # No tasks/result is open for the task: the creating session's GET stream, if it has one.
-            stream = session.get_stream
+            stream = session.streams.standalone
             if stream is None:
                 return
             self._route_answer(session, task, pending)
-            pending.carried_by = lambda: session.get_stream is stream
+            pending.carried_by = lambda: session.streams.standalone is stream
             await session.deliver_unsolicited(pending.request)
 
         answer = await self.hosted.start_legacy(
