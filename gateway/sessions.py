@@ -91,10 +91,10 @@ class Session:
 
     async def close(self) -> None:
         """End the session; the upstream channel follows once no hosted task runs on it."""
+        self._closing = True
         await self.streams.close()
         for stop in self.local_requests.values():
             stop.set()
-        self._closing = True
         if self.running_tasks == 0:
             await self.channel.close()
 

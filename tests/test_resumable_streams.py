@@ -345,6 +345,7 @@ async def test_a_last_event_id_older_than_the_buffer_gets_410(tmp_path: Path) ->
         for last_event_id, status, code in [(tail_id, 410, -32010), ("not-an-id", 400, -32600), ("7_x", 400, -32600)]:
             async with http.get(gateway.url, headers={**get, "Last-Event-ID": last_event_id}) as refused:
                 assert (refused.status, (await refused.json())["error"]["code"]) == (status, code), last_event_id
+        assert await metric(http, gateway, 'mcp_gateway_rejected_requests_total{reason="events_gone"}') == 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,6 +366,9 @@ async def test_events_get_ids_of_their_stream_and_replay_after_any_kept_one() ->
     streams = SessionStreams(ResumeConfig(retry_ms=300), budget)
     first, second = streams.open(), streams.open()
     assert first.opening() == b"id: 1_0\r\ndata: \r\nretry: 300\r\n\r\n"
+    assert first.opening(7) == b"id: 1_7\r\ndata: \r\nretry: 300\r\n\r\n"  # a resume opens at its id
+    streams.priming = False  # a client of 2025-06-18 or older: ids, but no priming event
+    assert streams.open().opening() == b""
     assert first.record([message(1), message(2)]) == frame(first, 1) + frame(first, 2)
     assert second.record([message(1)]) == sse.encode_message(orjson.dumps(message(1)), "2_1")
     assert first.after(0) == (frame(first, 1) + frame(first, 2), 2)
