@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 ARGS ?=
 
-.PHONY: venv run test lint bench demo clean
+.PHONY: venv run test conformance lint bench demo clean
 
 # The Tasks-capable upstream for tests/test_upstream_with_tasks.py (pinned; node_modules is git-ignored).
 SERVER_EVERYTHING := @modelcontextprotocol/server-everything@2026.8.31
@@ -71,6 +71,11 @@ node_modules/@modelcontextprotocol/server-everything:
 test: $(TEST_STAMP) node_modules
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# The conformance kit against the gateway in front of the example server (both eras), as CI runs it:
+# reports/conformance.junit.xml, and a failure when a check fails (see docs/conformance.md).
+conformance: $(RUN_STAMP)
+	.ci/conformance
+
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -83,4 +88,4 @@ demo: $(RUN_STAMP)
 	exec $(BIN)/mcp-task-gateway demo $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache reports

@@ -53,10 +53,10 @@ def rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
-async def fill(log: MemoryEventLog, n: int, batch: int = PAGE) -> None:
-    """Append ``n`` freshly built bodies to ``TASK``; the bodies are created here so only the log keeps them."""
+async def fill(log: MemoryEventLog, n: int, batch: int = PAGE, task: str = TASK) -> None:
+    """Append ``n`` freshly built bodies to ``task``; the bodies are created here so only the log keeps them."""
     for start in range(0, n, batch):
-        await log.append(TASK, [make_body(i) for i in range(start, min(start + batch, n))])
+        await log.append(task, [make_body(i) for i in range(start, min(start + batch, n))])
 
 
 # ------------------------------------------------------------------------------------------ memory (child)
@@ -64,9 +64,8 @@ async def fill(log: MemoryEventLog, n: int, batch: int = PAGE) -> None:
 
 async def child_memory(mode: str, n: int) -> dict[str, float]:
     log = MemoryEventLog(max_events_per_task=n)
-    await log.create(TASK)
-    await fill(log, 10)  # warm up code paths before the baseline
-    await log.delete(TASK)
+    await fill(log, 10, task="warm-up")  # warm up code paths before the baseline (a deleted log stays deleted)
+    await log.delete("warm-up")
     gc.collect()
     if mode == "tracemalloc":
         tracemalloc.start()

@@ -40,6 +40,7 @@ from gateway.app import REGISTRY, build_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.events.log import StoredEvent  # noqa: E402
 from gateway.events.stream import EventFrames  # noqa: E402
+from gateway.protocol.era import Era  # noqa: E402
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 FRAME = re.compile(rb'"seq":(\d+)')
@@ -182,7 +183,7 @@ async def bench_resume(events: int) -> None:
     url = f"http://127.0.0.1:{port}/mcp"
     try:
         registry = app[REGISTRY]
-        task = await registry.create("anonymous", "bench", None)
+        task = await registry.create("anonymous", "bench", None, dialect=Era.MODERN.value)
         body = b'"type":"io.github.mcp-task-gateway.progress","payload":{"progress":1,"total":2,"message":"m"}'
         started = time.perf_counter()
         for _ in range(events // 10_000):

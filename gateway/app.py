@@ -11,6 +11,8 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import assert_never
 
 from aiohttp import web
 from aiohttp.log import server_logger
@@ -22,16 +24,18 @@ from gateway.deadlines import RequestDeadlines
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
-from gateway.edge.task_routes import TaskRoutes
 from gateway.events.capture import Capture
-from gateway.events.log import MemoryEventLog
+from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
+from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.registry import TaskRegistry, outcome_cap
+from gateway.tasks.service import TaskService
+from gateway.tasks.store import TaskStore
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -52,6 +56,33 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     if upstream.command:
         return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """Where task records and event logs live: one `[store] kind` provides both."""
+
+    tasks: TaskStore
+    log: EventLog
+
+    async def close(self) -> None:
+        await self.log.close()
+        await self.tasks.close()
+
+
+def build_stores(config: Config) -> Stores:
+    """The stores `[store] kind` names: the one place that knows the kinds."""
+    retention = config.retention
+    kind = config.store.kind
+    if kind == "memory":
+        event_log = MemoryEventLog(
+            retention.max_events_per_task,
+            max_event_age_s=retention.max_event_age_s,
+            # A deleted log's tombstone keeps its next_seq as long as the task's record may still ask.
+            tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
+        )
+        return Stores(MemoryTaskStore(outcome_cap(retention)), event_log)
+    assert_never(kind)
 
 
 @web.middleware
@@ -100,25 +131,26 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.session_process_idle_s,
         config.server.resume,
     )
-    event_log = MemoryEventLog(config.retention.max_events_per_task)
+    stores = build_stores(config)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(
-        config.tasks, config.retention, event_log, capture, metrics, record_events=config.events.enabled
+        config.tasks, config.retention, stores.tasks, stores.log, capture, metrics, record_events=config.events.enabled
     )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
-    task_routes = TaskRoutes(hosted, config.server, config.tasks, metrics)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    service = TaskService(
+        hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
+    )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     endpoint = McpEndpoint(
         config.server,
         upstream,
         sessions,
-        task_routes,
-        passthrough,
+        service,
         metrics,
         rejections,
         budget,
-        events_enabled=config.events.enabled,
+        stream_write_timeout_s=config.tasks.stream_write_timeout_s,
     )
     metrics.tasks.set_function(lambda: len(registry))
     ceilings = {
@@ -181,7 +213,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await passthrough.stop()
         await sessions.stop()
         await upstream.close()
-        await event_log.close()
+        await stores.close()
         server_logger.removeFilter(framing_errors)
 
     app.router.add_route("*", config.server.path, endpoint.handle)

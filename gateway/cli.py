@@ -1,7 +1,7 @@
-"""The `mcp-task-gateway` command: serve, check-config, call, tasks, tail and demo.
+"""The `mcp-task-gateway` command: serve, check-config, call, tasks, tail, conformance and demo.
 
 Thin: it parses the command line and hands over; the client commands live in `gateway.client`
-(`tail.py`, `commands.py`), the server in `gateway.app`."""
+(`tail.py`, `commands.py`), the conformance kit in `gateway.conformance`, the server in `gateway.app`."""
 
 from __future__ import annotations
 
@@ -88,6 +88,34 @@ def _parser() -> argparse.ArgumentParser:
     tail.add_argument("--json", action="store_true", help="one JSON object per event (the event's params) per line")
     tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
 
+    kit = commands.add_parser(
+        "conformance",
+        help="check any Streamable HTTP MCP server or gateway against SEP-2694 (tasks/stream), rule by rule",
+        description="A black-box SEP-2694 conformance check: starts a task with TOOL, streams it in every way "
+        "the SEP defines, and reports each MUST and SHOULD as passed, failed (with the request and answer) or "
+        "skipped (with the reason). Exit 0 only when nothing failed. See docs/conformance.md.",
+    )
+    kit.add_argument("url", metavar="URL", help="the server's MCP endpoint, e.g. http://127.0.0.1:8765/mcp")
+    kit.add_argument("--era", choices=["legacy", "modern", "both"], default="both", help="protocol era(s) to check")
+    kit.add_argument(
+        "--tool", help="a tool that runs as a task and emits events (default slow_build of examples/build_server.py)"
+    )
+    kit.add_argument(
+        "--args", metavar="JSON", dest="args_json", help='its arguments (default {"steps": 6, "delay": 0.25})'
+    )
+    kit.add_argument(
+        "--header", metavar="'K: V'", action="append", default=[], help="a header for every request (repeat)"
+    )
+    kit.add_argument(
+        "--other-header",
+        metavar="'K: V'",
+        action="append",
+        help="a header of a second caller, for the authorization check (repeat; without it that check is skipped)",
+    )
+    kit.add_argument("--timeout", metavar="S", type=float, default=30.0, help="bound on each wait (default 30)")
+    kit.add_argument("--json", metavar="FILE", dest="json_path", help="write the results as JSON")
+    kit.add_argument("--junit", metavar="FILE", dest="junit_path", help="write the results as JUnit XML")
+
     demo = commands.add_parser(
         "demo", help="run the example server behind an in-process gateway and show tasks/stream end to end"
     )
@@ -171,6 +199,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client import commands
 
             return commands.main_tasks(args.url, args.action, args.task_id, era=args.era, json_out=args.json)
+        if args.command == "conformance":
+            from gateway.conformance import command
+
+            return command.main(
+                args.url,
+                era=args.era,
+                tool=args.tool,
+                args_json=args.args_json,
+                headers=args.header,
+                other_headers=args.other_header,
+                timeout=args.timeout,
+                json_path=args.json_path,
+                junit_path=args.junit_path,
+            )
         if args.command == "demo":
             from gateway.client import demo
 

@@ -168,6 +168,11 @@ class RetentionConfig(_Section):
         return self
 
 
+class StoreConfig(_Section):
+    kind: Literal["memory"] = "memory"
+    """Where task records and event logs live. "memory": in this process, lost on restart."""
+
+
 class CaptureRule(_Section):
     """Turns a matching upstream notification into a task event (or drops it)."""
 
@@ -300,6 +305,7 @@ class Config(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
@@ -38,16 +38,17 @@ class Session:
         self.open_streams = 0
         self.engaged = False
         """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
-        self.pending_server_requests: set[RequestId] = set()
         self.upstream_has_tasks = False
         """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
-        self.task_streams: set[str] = set()
+        self._pending_server_requests: set[RequestId] = set()
+        """Server-to-client requests relayed to this client and not yet answered."""
+        self._task_streams: set[str] = set()
         """Tasks with an active tasks/stream on this session (SEP-2694 allows one per task)."""
-        self.local_requests: dict[RequestId, asyncio.Event] = {}
+        self._local_requests: dict[RequestId, asyncio.Event] = {}
         """Requests the gateway answers itself, by id, so notifications/cancelled can stop them."""
-        self.running_tasks = 0
+        self._running_tasks = 0
         """Hosted tasks running on this session's upstream channel: it stays open until they end."""
-        self.response_routes: dict[RequestId, ResponseRoute] = {}
+        self._response_routes: dict[RequestId, ResponseRoute] = {}
         """Responses the gateway takes itself, by request id: a hosted task's requests (`respond`)."""
         self._closing = False
         self._metrics = metrics
@@ -58,19 +59,51 @@ class Session:
     def parkable(self) -> bool:
         """Nothing needs the upstream conversation as it is now: no hosted or pass-through task runs on
         it and no server request or gateway-answered request waits (open streams are checked apart)."""
-        return not (self.running_tasks or self.pending_server_requests or self.response_routes or self.local_requests)
+        return not (
+            self._running_tasks or self._pending_server_requests or self._response_routes or self._local_requests
+        )
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
 
-    def note_outgoing(self, message: Message) -> None:
-        """Record a server-to-client request relayed to this client, so its response can be routed."""
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Hold the session open (no idle sweep) while one of its HTTP requests or streams runs."""
+        self.open_streams += 1
+        try:
+            yield
+        finally:
+            self.open_streams -= 1
+            self.touch()
+
+    def note_outgoing(self, message: Message, route: ResponseRoute | None = None) -> None:
+        """`message` goes to this client: if it is a server-to-client request, expect its response."""
         if "method" in message and "id" in message:
-            self.pending_server_requests.add(message["id"])
+            self.expect_response(message["id"], route)
+
+    def expect_response(self, request_id: RequestId, route: ResponseRoute | None = None) -> None:
+        """A server-to-client request `request_id` was relayed to this client: its response is accepted,
+        and goes to `route` (a hosted task, another conversation) instead of this session's channel."""
+        self._pending_server_requests.add(request_id)
+        if route is not None:
+            self._response_routes[request_id] = route
+
+    def forget_response(self, request_id: RequestId, route: ResponseRoute) -> None:
+        """The request `route` waited for is settled elsewhere: a late response is no longer accepted."""
+        if self._response_routes.get(request_id) is route:
+            del self._response_routes[request_id]
+            self._pending_server_requests.discard(request_id)
+
+    def claim_response(self, request_id: RequestId) -> bool:
+        """Whether a response with this id answers a request relayed here; it is claimed (answered once)."""
+        if request_id not in self._pending_server_requests:
+            return False
+        self._pending_server_requests.discard(request_id)
+        return True
 
     async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
         """Route the client's response to a server request: to a hosted task that asked, else upstream."""
-        route = self.response_routes.pop(message["id"], None)
+        route = self._response_routes.pop(message["id"], None)
         if route is not None:
             await route(message, headers)
         else:
@@ -93,18 +126,49 @@ class Session:
         """End the session; the upstream channel follows once no hosted task runs on it."""
         self._closing = True
         await self.streams.close()
-        for stop in self.local_requests.values():
+        for stop in self._local_requests.values():
             stop.set()
-        if self.running_tasks == 0:
+        if self._running_tasks == 0:
             await self.channel.close()
 
     def task_started(self) -> None:
-        self.running_tasks += 1
+        self._running_tasks += 1
 
     async def task_ended(self) -> None:
-        self.running_tasks -= 1
-        if self._closing and self.running_tasks == 0:
+        self._running_tasks -= 1
+        if self._closing and self._running_tasks == 0:
             await self.channel.close()
+
+    @contextlib.contextmanager
+    def local_request(self, request_id: RequestId) -> Iterator[asyncio.Event]:
+        """A request the gateway answers itself: the event is set when the client cancels it
+        (`cancel_local`) or the session closes."""
+        stop = asyncio.Event()
+        self._local_requests[request_id] = stop
+        try:
+            yield stop
+        finally:
+            self._local_requests.pop(request_id, None)
+
+    def cancel_local(self, request_id: object) -> bool:
+        """Stop the local request `request_id`; False when the gateway serves no such request."""
+        stop = self._local_requests.get(request_id)  # type: ignore[call-overload]
+        if stop is None:
+            return False
+        stop.set()
+        return True
+
+    @contextlib.contextmanager
+    def task_stream(self, task_id: str) -> Iterator[None]:
+        """Hold this session's one tasks/stream of `task_id` (SEP-2694 allows one per task and session)."""
+        self._task_streams.add(task_id)
+        try:
+            yield
+        finally:
+            self._task_streams.discard(task_id)
+
+    def has_task_stream(self, task_id: str) -> bool:
+        return task_id in self._task_streams
 
 
 class SessionRegistry:

@@ -206,13 +206,14 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_http(command: list[str], *args: str, log: Path) -> AsyncIterator[str]:
+async def serve_http(command: list[str], *args: str, log: Path, port_option: str = "--http") -> AsyncIterator[str]:
     """A test MCP server, `command --http PORT *args`, on a free loopback port until the block exits;
-    yields its URL (`/mcp`). Its output goes to `log`."""
+    yields its URL (`/mcp`). Its output goes to `log`. `port_option` is the option that takes the port
+    (`--port` for examples/native_stream_server.py)."""
     port = free_port()
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            *command, "--http", str(port), *args,
+            *command, port_option, str(port), *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
     try:

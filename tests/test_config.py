@@ -56,6 +56,8 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
         ),
         ("[[tasks.tools]]\ntask_support = 'forbidden'\nmodern = 'after_ms'\n", "modern must be 'never'"),
         ("[[tasks.tools]]\nmodern = 'sometimes'\n", "tasks.tools.0.modern"),
+        ("[store]\nkind = 'sqlite'\n", "store.kind: Input should be 'memory'"),
+        ("[store]\nkind = 'memory'\npath = 'x'\n", "store.path: unknown key"),
         ("[server\n", "not valid TOML"),
     ],
 )

@@ -4,16 +4,19 @@ Every store runs the same suite: the ``store_factory`` fixture is parametrized o
 ``event_log`` / ``make_event_log`` build stores from it. Adding a Redis or SQLite store is one more
 ``pytest.param`` in ``STORES`` (with a skip mark when its server is unavailable); nothing else changes.
 
-The suite covers SEP-2694's numbering (seq from 0, +1 exactly, exclusive ``after``), retention by count
-and by age with an injected clock, ``wait`` (immediate, wake-all, timeout, delete), independence of many
-concurrent cursors, and a Hypothesis state machine that checks every step against a dict model and checks
-that a cursor either continues at exactly ``c + 1`` or sees a first seq that reveals ``events_gone``.
-A few tests at the end are specific to the in-memory store's internals (bounded memory, no leaks).
+The suite covers SEP-2694's numbering (seq from 0, +1 exactly, exclusive ``after``), per-task retention
+by count and by age with an injected clock (at append, and on read of an idle log), sealing, tombstones
+left by ``delete`` (a seq is never reused), ``wait`` (immediate, wake-all, timeout, seal, delete),
+independence of many concurrent cursors, and a Hypothesis state machine that checks every step against a
+dict model and checks that a cursor either continues at exactly ``c + 1`` or sees a first seq that reveals
+``events_gone``. A few tests at the end are specific to the in-memory store's internals (bounded memory,
+no leaks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Protocol, TypeVar
@@ -30,14 +33,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.events.log import EventLog, LogBounds, MemoryEventLog, StoredEvent
+from gateway.events.log import EventLog, LogBounds, LogSealed, MemoryEventLog, StoredEvent
 
 Clock = Callable[[], float]
 T = TypeVar("T")
 
 
 class StoreFactory(Protocol):
-    def __call__(self, *, max_events_per_task: int, clock: Clock) -> EventLog: ...
+    def __call__(
+        self, *, max_events_per_task: int, clock: Clock, max_event_age_s: float, tombstone_ttl_s: float
+    ) -> EventLog: ...
 
 
 class FakeClock:
@@ -53,8 +58,10 @@ class FakeClock:
         self.now += seconds
 
 
-def _memory_store(*, max_events_per_task: int, clock: Clock) -> EventLog:
-    return MemoryEventLog(max_events_per_task, clock)
+def _memory_store(
+    *, max_events_per_task: int, clock: Clock, max_event_age_s: float, tombstone_ttl_s: float
+) -> EventLog:
+    return MemoryEventLog(max_events_per_task, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=tombstone_ttl_s)
 
 
 STORES = [
@@ -63,6 +70,7 @@ STORES = [
 ]
 
 DEFAULT_MAX_EVENTS = 100_000
+DEFAULT_TOMBSTONE_TTL_S = 3600.0
 
 
 @pytest.fixture(params=STORES)
@@ -73,11 +81,22 @@ def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
 
 @pytest.fixture
 async def make_event_log(store_factory: StoreFactory) -> AsyncIterator[Callable[..., EventLog]]:
-    """Build stores with a chosen limit and clock; every store built is closed after the test."""
+    """Build stores with chosen limits and clock; every store built is closed after the test."""
     built: list[EventLog] = []
 
-    def make(*, max_events_per_task: int = DEFAULT_MAX_EVENTS, clock: Clock | None = None) -> EventLog:
-        log = store_factory(max_events_per_task=max_events_per_task, clock=clock or FakeClock())
+    def make(
+        *,
+        max_events_per_task: int = DEFAULT_MAX_EVENTS,
+        clock: Clock | None = None,
+        max_event_age_s: float = math.inf,
+        tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
+    ) -> EventLog:
+        log = store_factory(
+            max_events_per_task=max_events_per_task,
+            clock=clock or FakeClock(),
+            max_event_age_s=max_event_age_s,
+            tombstone_ttl_s=tombstone_ttl_s,
+        )
         built.append(log)
         return log
 
@@ -252,59 +271,193 @@ async def test_max_events_is_per_task(make_event_log: Callable[..., EventLog]) -
     assert await log.bounds("b") == LogBounds(earliest=0, next_seq=1)
 
 
-async def test_trim_older_than_uses_the_injected_clock(make_event_log: Callable[..., EventLog]) -> None:
+async def test_max_event_age_trims_the_appended_task_by_the_injected_clock(
+    make_event_log: Callable[..., EventLog],
+) -> None:
     clock = FakeClock(0.0)
-    log = make_event_log(clock=clock)
+    log = make_event_log(clock=clock, max_event_age_s=10.0)
     await log.append("a", [b"a0", b"a1", b"a2"])  # created 0
     await log.append("b", [b"b0"])  # created 0
     clock.now = 10.0
-    await log.append("a", [b"a3", b"a4"])  # created 10
-    await log.append("b", [b"b1"])  # created 10
-    clock.now = 20.0
-    await log.append("a", [b"a5"])  # created 20
-
-    assert await log.trim_older_than(0.0) == 0
-    assert await log.trim_older_than(10.0) == 4  # strictly older than the cutoff: a0-a2 and b0
-    assert await log.bounds("a") == LogBounds(earliest=3, next_seq=6)
-    assert await log.bounds("b") == LogBounds(earliest=1, next_seq=2)
+    await log.append("a", [b"a3", b"a4"])  # created 10: a0-a2 are 10 s old, not older: kept
+    assert await log.bounds("a") == LogBounds(earliest=0, next_seq=5)
+    clock.now = 15.0
+    await log.append("a", [b"a5"])  # created 15: a0-a2 are older than 10 s now
     assert await log.read("a", -1, 10) == [
         StoredEvent(seq=3, created=10.0, body=b"a3"),
         StoredEvent(seq=4, created=10.0, body=b"a4"),
-        StoredEvent(seq=5, created=20.0, body=b"a5"),
+        StoredEvent(seq=5, created=15.0, body=b"a5"),
     ]
-    assert await log.trim_older_than(10.0) == 0
-    assert await log.trim_older_than(20.5) == 4
-    assert await log.bounds("a") == LogBounds(earliest=None, next_seq=6)
-    assert await log.bounds("b") == LogBounds(earliest=None, next_seq=2)
-    assert await log.read("a", -1, 10) == []
-    assert await log.read("a", 4, 10) == []
-
-    # numbering continues after everything was trimmed
-    clock.now = 30.0
-    assert await log.append("a", [b"a6"]) == 6
+    assert await log.bounds("a") == LogBounds(earliest=3, next_seq=6)
+    clock.now = 25.5
+    await log.append("a", [b"a6"])  # a3-a5 are older than 10 s
+    assert seqs(await log.read("a", -1, 10)) == [6]
     assert await log.bounds("a") == LogBounds(earliest=6, next_seq=7)
-    assert seqs(await log.read("a", 2, 10)) == [6]
 
 
-async def test_trim_on_empty_and_created_logs(event_log: EventLog) -> None:
-    assert await event_log.trim_older_than(float("inf")) == 0
+async def test_max_event_age_holds_for_an_idle_log_when_it_is_read(make_event_log: Callable[..., EventLog]) -> None:
+    """A task that stops appending still never hands out an event older than the age (nothing sweeps)."""
+    clock = FakeClock(0.0)
+    log = make_event_log(clock=clock, max_event_age_s=10.0)
+    await log.append("idle", [b"i0", b"i1"])
+    clock.now = 5.0
+    await log.append("idle", [b"i2"])
+    clock.now = 12.0
+    assert seqs(await log.read("idle", -1, 10)) == [2]
+    assert await log.bounds("idle") == LogBounds(earliest=2, next_seq=3)
+    clock.now = 100.0
+    assert await log.bounds("idle") == LogBounds(earliest=None, next_seq=3)
+    assert await log.read("idle", -1, 10) == []
+    assert await log.read("idle", 1, 10) == []
+    # numbering continues after everything was trimmed
+    assert await log.append("idle", [b"i3"]) == 3
+    assert await log.bounds("idle") == LogBounds(earliest=3, next_seq=4)
+    assert seqs(await log.read("idle", 0, 10)) == [3]
+
+
+async def test_age_trimming_is_per_task(make_event_log: Callable[..., EventLog]) -> None:
+    clock = FakeClock(0.0)
+    log = make_event_log(clock=clock, max_event_age_s=10.0)
+    await log.append("old", [b"o0"])
+    clock.now = 8.0
+    await log.append("young", [b"y0"])
+    clock.now = 12.0
+    assert await log.bounds("old") == LogBounds(earliest=None, next_seq=1)
+    assert await log.bounds("young") == LogBounds(earliest=0, next_seq=1)
+
+
+async def test_count_and_age_trim_together(make_event_log: Callable[..., EventLog]) -> None:
+    clock = FakeClock(0.0)
+    log = make_event_log(clock=clock, max_events_per_task=3, max_event_age_s=10.0)
+    await log.append("t", [b"0", b"1"])
+    clock.now = 6.0
+    await log.append("t", [b"2", b"3"])  # the count drops seq 0
+    assert await log.bounds("t") == LogBounds(earliest=1, next_seq=4)
+    clock.now = 11.0
+    await log.append("t", [b"4"])  # the count drops seq 1, the age nothing more (2-3 are 5 s old)
+    assert seqs(await log.read("t", -1, 10)) == [2, 3, 4]
+    clock.now = 16.5
+    assert seqs(await log.read("t", -1, 10)) == [4]  # 2-3 are now 10.5 s old
+
+
+async def test_trim_on_empty_and_created_logs(make_event_log: Callable[..., EventLog]) -> None:
+    clock = FakeClock(0.0)
+    log = make_event_log(clock=clock, max_event_age_s=1.0)
+    await log.create("t")
+    clock.now = 100.0
+    assert await log.bounds("t") == LogBounds(earliest=None, next_seq=0)
+    assert await log.append("t", []) == 0
+    assert await log.bounds("t") == LogBounds(earliest=None, next_seq=0)
+
+
+# ------------------------------------------------------------------------------------------ seal
+
+
+async def test_seal_ends_the_log(event_log: EventLog) -> None:
+    await event_log.append("t", [b"a", b"b"])
+    await event_log.seal("t")
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=2, sealed=True)
+    with pytest.raises(LogSealed):
+        await event_log.append("t", [b"late"])
+    with pytest.raises(LogSealed):
+        await event_log.append("t", [], seal=True)
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=2, sealed=True)
+    assert seqs(await event_log.read("t", -1, 10)) == [0, 1]
+    await event_log.seal("t")  # idempotent
+    await event_log.create("t")  # a no-op: it stays sealed
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=2, sealed=True)
+    assert await event_log.bounds("other") is None  # per task
+
+
+async def test_append_can_seal_in_the_same_call(event_log: EventLog) -> None:
     await event_log.create("t")
-    assert await event_log.trim_older_than(float("inf")) == 0
-    assert await event_log.bounds("t") == LogBounds(earliest=None, next_seq=0)
+    assert await event_log.append("t", [b"status", b"terminal"], seal=True) == 0
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=2, sealed=True)
+    assert await event_log.append("empty", [], seal=True) == 0  # an empty batch seals too
+    assert await event_log.bounds("empty") == LogBounds(earliest=None, next_seq=0, sealed=True)
+
+
+async def test_seal_creates_a_missing_log(event_log: EventLog) -> None:
+    await event_log.seal("never-appended")
+    assert await event_log.bounds("never-appended") == LogBounds(earliest=None, next_seq=0, sealed=True)
+    assert await event_log.wait("never-appended", -1, 3600) is False
+
+
+async def test_an_epilogue_follows_the_seal_and_the_log_stays_sealed(event_log: EventLog) -> None:
+    await event_log.append("t", [b"a"], seal=True)
+    assert await event_log.append("t", [b"note"], epilogue=True) == 1
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=2, sealed=True)
+    assert [e.body for e in await event_log.read("t", -1, 10)] == [b"a", b"note"]
+    with pytest.raises(LogSealed):
+        await event_log.append("t", [b"late"])
+
+
+async def test_wait_returns_at_once_on_a_sealed_log(event_log: EventLog) -> None:
+    await event_log.append("t", [b"a", b"b"], seal=True)
+    assert await asyncio.wait_for(event_log.wait("t", 1, 3600), 1.0) is False  # nothing after: over
+    assert await asyncio.wait_for(event_log.wait("t", 0, 3600), 1.0) is True
+
+
+async def test_seal_wakes_waiters(event_log: EventLog) -> None:
+    await event_log.append("t", [b"a"])
+    waiters = [asyncio.create_task(event_log.wait("t", 0, 3600)) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    await event_log.seal("t")
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 1.0) == [False] * 5
+
+
+async def test_a_sealing_append_wakes_waiters_with_its_events(event_log: EventLog) -> None:
+    await event_log.create("t")
+    waiter = asyncio.create_task(event_log.wait("t", -1, 3600))
+    await asyncio.sleep(0)
+    await event_log.append("t", [b"terminal"], seal=True)
+    assert await asyncio.wait_for(waiter, 1.0) is True
+    assert await event_log.bounds("t") == LogBounds(earliest=0, next_seq=1, sealed=True)
 
 
 # ------------------------------------------------------------------------------------------ delete
 
 
-async def test_delete_drops_the_whole_log(event_log: EventLog) -> None:
+async def test_delete_drops_the_events_and_leaves_a_tombstone(event_log: EventLog) -> None:
     await event_log.append("t", [b"a", b"b"])
     await event_log.append("keep", [b"k"])
     await event_log.delete("t")
-    assert await event_log.bounds("t") is None
+    assert await event_log.bounds("t") == LogBounds(earliest=None, next_seq=2, sealed=True)
     assert await event_log.read("t", -1, 10) == []
     assert await event_log.bounds("keep") == LogBounds(earliest=0, next_seq=1)
     await event_log.delete("t")  # idempotent
+    assert await event_log.bounds("t") == LogBounds(earliest=None, next_seq=2, sealed=True)
     await event_log.delete("never-existed")
+    assert await event_log.bounds("never-existed") is None
+
+
+async def test_a_tombstone_never_reuses_a_seq(event_log: EventLog) -> None:
+    await event_log.append("t", [b"a", b"b", b"c"])
+    await event_log.delete("t")
+    for append in (
+        event_log.append("t", [b"again"]),
+        event_log.append("t", []),
+        event_log.append("t", [b"note"], epilogue=True),
+    ):
+        with pytest.raises(LogSealed):
+            await append
+    await event_log.create("t")  # a no-op: the tombstone stays
+    await event_log.seal("t")
+    assert await event_log.bounds("t") == LogBounds(earliest=None, next_seq=3, sealed=True)
+    assert await event_log.wait("t", -1, 3600) is False
+    assert await event_log.read("t", -1, 10) == []
+
+
+async def test_a_tombstone_lives_at_least_its_ttl(make_event_log: Callable[..., EventLog]) -> None:
+    clock = FakeClock(0.0)
+    log = make_event_log(clock=clock, tombstone_ttl_s=100.0)
+    await log.append("t", [b"a"])
+    await log.delete("t")
+    clock.now = 99.0
+    await log.append("other", [b"x"])
+    await log.delete("other")  # a delete is where a store may expire old tombstones
+    assert await log.bounds("t") == LogBounds(earliest=None, next_seq=1, sealed=True)
 
 
 # ------------------------------------------------------------------------------------------ wait
@@ -329,10 +482,10 @@ async def test_wait_then_append_race_is_not_lost(event_log: EventLog) -> None:
 
 async def test_wait_true_even_when_the_events_were_trimmed(make_event_log: Callable[..., EventLog]) -> None:
     clock = FakeClock(0.0)
-    log = make_event_log(clock=clock)
+    log = make_event_log(clock=clock, max_event_age_s=50.0)
     await log.append("t", [b"a", b"b"])
     clock.now = 100.0
-    await log.trim_older_than(50.0)
+    assert await log.read("t", -1, 10) == []
     assert await log.wait("t", 0, 0) is True  # seq 1 existed; read + bounds tell the caller events_gone
     assert await log.bounds("t") == LogBounds(earliest=None, next_seq=2)
 
@@ -386,12 +539,13 @@ async def test_wait_returns_false_when_the_log_is_deleted(event_log: EventLog) -
     assert await asyncio.wait_for(asyncio.gather(*waiters), 1.0) == [False] * 5
 
 
-async def test_waiter_of_a_deleted_log_ignores_a_recreated_one(event_log: EventLog) -> None:
+async def test_waiter_of_a_deleted_log_is_not_woken_by_a_refused_append(event_log: EventLog) -> None:
     await event_log.create("t")
     waiter = asyncio.create_task(event_log.wait("t", -1, 3600))
     await asyncio.sleep(0)
     await event_log.delete("t")
-    await event_log.append("t", [b"new life"])
+    with pytest.raises(LogSealed):  # the tombstone refuses a new life at seq 0
+        await event_log.append("t", [b"new life"])
     assert await asyncio.wait_for(waiter, 1.0) is False
 
 
@@ -480,7 +634,8 @@ TASKS = ("a", "b_1", "ü:c")
 
 
 class EventLogMachine(RuleBasedStateMachine):
-    """Random appends, count and age trims, deletes and reads, checked against a dict model each step."""
+    """Random appends (sealing, epilogues), seals, clock ticks (age trims), deletes (tombstones) and reads,
+    checked against a dict model each step."""
 
     factory: StoreFactory
 
@@ -490,8 +645,12 @@ class EventLogMachine(RuleBasedStateMachine):
         self.clock = FakeClock(0.0)
         self.log: EventLog | None = None
         self.max_events = 0
+        self.max_age = math.inf
         self.model: dict[str, dict[int, tuple[bytes, float]]] = {}
         self.next_seq: dict[str, int] = {}
+        self.sealed: set[str] = set()
+        self.deleted: set[str] = set()
+        """Tombstones: sealed, no events, next_seq kept (they outlive the run: the TTL is far away)."""
         self.cursors: dict[str, int] = {}
         """A paging reader per task: the last seq it processed (Jepsen's poll-skip check)."""
 
@@ -507,16 +666,34 @@ class EventLogMachine(RuleBasedStateMachine):
             self.run(self.log.close())
         self.loop.close()
 
-    @initialize(max_events=st.integers(1, 6))
-    def init_store(self, max_events: int) -> None:
+    @initialize(max_events=st.integers(1, 6), max_age=st.sampled_from([0.5, 1.0, 2.0, math.inf]))
+    def init_store(self, max_events: int, max_age: float) -> None:
         self.max_events = max_events
-        self.log = self.factory(max_events_per_task=max_events, clock=self.clock)
+        self.max_age = max_age
+        self.log = self.factory(
+            max_events_per_task=max_events, clock=self.clock, max_event_age_s=max_age, tombstone_ttl_s=1e9
+        )
+
+    def expire(self, task: str) -> None:
+        """What the store does wherever it touches a task's log: drop events older than the age."""
+        events = self.model.get(task, {})
+        for seq in [seq for seq, (_, created) in events.items() if created < self.clock.now - self.max_age]:
+            del events[seq]
 
     # -- operations
 
-    @rule(task=st.sampled_from(TASKS), batch=st.lists(st.binary(max_size=6), max_size=8))
-    def append(self, task: str, batch: list[bytes]) -> None:
-        first = self.run(self.store().append(task, batch))
+    @rule(
+        task=st.sampled_from(TASKS),
+        batch=st.lists(st.binary(max_size=6), max_size=8),
+        seal=st.booleans(),
+        epilogue=st.booleans(),
+    )
+    def append(self, task: str, batch: list[bytes], seal: bool, epilogue: bool) -> None:
+        if task in self.deleted or (task in self.sealed and not epilogue):
+            with pytest.raises(LogSealed):
+                self.run(self.store().append(task, batch, seal=seal, epilogue=epilogue))
+            return
+        first = self.run(self.store().append(task, batch, seal=seal, epilogue=epilogue))
         events = self.model.setdefault(task, {})
         expected_first = self.next_seq.get(task, 0)
         assert first == expected_first
@@ -528,6 +705,10 @@ class EventLogMachine(RuleBasedStateMachine):
         self.next_seq[task] = expected_first + len(batch)
         for seq in sorted(events)[: max(0, len(events) - self.max_events)]:
             del events[seq]
+        if batch:
+            self.expire(task)
+        if seal:
+            self.sealed.add(task)
 
     @rule(task=st.sampled_from(TASKS))
     def create(self, task: str) -> None:
@@ -535,34 +716,31 @@ class EventLogMachine(RuleBasedStateMachine):
         self.model.setdefault(task, {})
         self.next_seq.setdefault(task, 0)
 
+    @rule(task=st.sampled_from(TASKS))
+    def seal(self, task: str) -> None:
+        self.run(self.store().seal(task))
+        self.model.setdefault(task, {})
+        self.next_seq.setdefault(task, 0)
+        self.sealed.add(task)
+
     @rule(seconds=st.sampled_from([0.0, 0.25, 1.0, 3.0, -2.0]))
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)  # a negative step is a wall clock stepping back
 
-    @rule(age=st.sampled_from([0.0, 0.5, 1.0, 2.0, 5.0]))
-    def trim_by_age(self, age: float) -> None:
-        cutoff = self.clock.now - age
-        dropped = self.run(self.store().trim_older_than(cutoff))
-        expected = 0
-        for events in self.model.values():
-            old = [seq for seq, (_, created) in events.items() if created < cutoff]
-            expected += len(old)
-            for seq in old:
-                del events[seq]
-        assert dropped == expected
-
     @rule(task=st.sampled_from(TASKS))
     def delete(self, task: str) -> None:
         self.run(self.store().delete(task))
-        self.model.pop(task, None)
-        self.next_seq.pop(task, None)
-        self.cursors.pop(task, None)
+        if task in self.next_seq:
+            self.model[task] = {}
+            self.sealed.add(task)
+            self.deleted.add(task)
 
     # -- reads
 
     @rule(task=st.sampled_from(TASKS), limit=st.integers(1, 10))
     def read_every_cursor(self, task: str, limit: int) -> None:
         """For every cursor c: a run starting at exactly c+1, or one starting at earliest > c+1 (events_gone)."""
+        self.expire(task)
         events = self.model.get(task, {})
         earliest = min(events) if events else None
         for c in range(-3, self.next_seq.get(task, 0) + 2):
@@ -584,6 +762,7 @@ class EventLogMachine(RuleBasedStateMachine):
         """A reader paging with its own cursor never skips silently and never goes backwards."""
         if task not in self.next_seq:
             return
+        self.expire(task)
         cursor = self.cursors.get(task, -1)
         page = self.run(self.store().read(task, cursor, limit))
         if not page:
@@ -600,7 +779,15 @@ class EventLogMachine(RuleBasedStateMachine):
     def wait_without_blocking(self, task: str, data: st.DataObject) -> None:
         c = data.draw(st.integers(-3, self.next_seq.get(task, 0) + 1), label="after")
         ready = self.run(self.store().wait(task, c, 0))
-        assert ready == (task in self.next_seq and self.next_seq[task] > max(c + 1, 0))
+        exists = task in self.next_seq and task not in self.deleted
+        assert ready == (exists and self.next_seq[task] > max(c + 1, 0))
+
+    @rule(task=st.sampled_from(TASKS))
+    def wait_on_a_sealed_log_returns_at_once(self, task: str) -> None:
+        if task not in self.sealed:
+            return
+        after = self.next_seq[task] - 1
+        assert self.run(asyncio.wait_for(self.store().wait(task, after, 3600), 1.0)) is False
 
     # -- invariants
 
@@ -612,8 +799,11 @@ class EventLogMachine(RuleBasedStateMachine):
             if task not in self.next_seq:
                 assert bounds is None
                 continue
+            self.expire(task)
             events = self.model[task]
-            assert bounds == LogBounds(earliest=min(events) if events else None, next_seq=self.next_seq[task])
+            assert bounds == LogBounds(
+                earliest=min(events) if events else None, next_seq=self.next_seq[task], sealed=task in self.sealed
+            )
             if events:  # retained seqs form one contiguous run
                 assert sorted(events) == list(range(min(events), max(events) + 1))
 
@@ -668,3 +858,26 @@ async def test_memory_append_after_close_fails() -> None:
     await log.close()
     with pytest.raises(RuntimeError):
         await log.append("t", [b"x"])
+
+
+async def test_memory_tombstones_are_small_and_expire_on_a_later_delete() -> None:
+    clock = FakeClock(0.0)
+    log = MemoryEventLog(8, clock, tombstone_ttl_s=10.0)
+    for i in range(100):
+        await log.append(f"t{i}", [body("t", n) for n in range(8)])
+        await log.delete(f"t{i}")
+    assert len(log._logs) == 100
+    assert all(not tombstone.bodies and not tombstone.times for tombstone in log._logs.values())
+    clock.now = 9.0
+    await log.delete("none")
+    assert len(log._logs) == 100  # not yet
+    clock.now = 10.0
+    await log.delete("none")
+    assert log._logs == {} and log._tombstones == {}
+    assert await log.bounds("t0") is None
+    assert await log.append("t0", [b"x"]) == 0  # past its tombstone's life an id starts afresh
+
+
+def test_memory_rejects_a_non_positive_age() -> None:
+    with pytest.raises(ValueError):
+        MemoryEventLog(8, max_event_age_s=0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import orjson
@@ -20,16 +19,18 @@ from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
+from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks import passthrough as passthrough_module
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import Task, TaskRegistry
-from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
+from gateway.tasks.registry import Task, TaskRegistry, outcome_cap
+from gateway.upstream.base import Exchange
+from tests.fake_upstream import OneConversation
 
 RELATED = "io.modelcontextprotocol/related-task"
 PREFIX = Config().events.prefix + "."
 
 
-class Unreachable(UpstreamChannel, Upstream):
+class Unreachable(OneConversation):
     """Stands for the upstream and its one conversation. The only request it takes is the gateway's
     own `tasks/result` for a task in `results` (upstream id -> the answer's `result` or `error`),
     answered through the tap like a real link; a task missing there never gets an answer."""
@@ -45,39 +46,13 @@ class Unreachable(UpstreamChannel, Upstream):
             await exchange.deliver({"jsonrpc": "2.0", "id": message["id"], **answer})
         return exchange
 
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError("unexpected notification")
-
-    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        raise AssertionError("unexpected response")
-
-    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
-        pass
-
-    async def open_session(self) -> UpstreamChannel:
-        return self
-
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
-        raise AssertionError("unexpected stateless request")
-
-    def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:
-        raise AssertionError("unexpected readiness check")
-
-    def pin(self, affinity: str, channel: UpstreamChannel) -> None:
-        pass
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
 
 @pytest.fixture
 async def setup() -> tuple[Passthrough, Unreachable]:
     config = Config.model_validate({"tasks": {"upstream_poll_min_ms": 3_600_000, "upstream_poll_max_ms": 3_600_000}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    registry = TaskRegistry(config.tasks, config.retention, MemoryEventLog(1000), capture, Metrics())
+    store = MemoryTaskStore(outcome_cap(config.retention))
+    registry = TaskRegistry(config.tasks, config.retention, store, MemoryEventLog(1000), capture, Metrics())
     channel = Unreachable()
     passthrough = Passthrough(registry, channel, config.tasks, Metrics())
     channel.tap = passthrough.observe  # as the endpoint sets it on a conversation whose upstream has tasks

@@ -186,6 +186,16 @@ def test_task_methods_mirror_task_id_in_mcp_name() -> None:
     check_modern_request(message, headers_of(mcp_protocol_version="2026-07-28", mcp_method="tasks/get", mcp_name="t1"))
 
 
+def test_a_missing_mirrored_param_is_named_in_the_mismatch() -> None:
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tasks/stream", "params": {"_meta": ENVELOPE}}
+    with pytest.raises(ProtocolError) as info:
+        check_modern_request(message, headers_of(mcp_protocol_version="2026-07-28", mcp_method="tasks/stream"))
+    assert info.value.code == jsonrpc.HEADER_MISMATCH
+    assert info.value.message == (
+        "Header mismatch: tasks/stream needs params.taskId (the Mcp-Name header repeats it); the request has none"
+    )
+
+
 @pytest.mark.parametrize(
     ("host", "ok"),
     [

@@ -11,50 +11,56 @@ from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
+from gateway.protocol.era import Era
+from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import related_outcome
-from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, TaskStatus
+from gateway.tasks.records import TaskStatus
+from gateway.tasks.registry import SUMMARY_LIMIT_BYTES, Task, TaskLimitReached, TaskRegistry, outcome_cap
+
+DIALECT = Era.LEGACY.value
 
 
 def registry(record_events: bool = True, retention: dict[str, object] | None = None, **tasks: object) -> TaskRegistry:
     config = Config.model_validate({"tasks": tasks, "retention": retention or {}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    store = MemoryTaskStore(outcome_cap(config.retention))
     return TaskRegistry(
-        config.tasks, config.retention, MemoryEventLog(100), capture, Metrics(), record_events=record_events
+        config.tasks, config.retention, store, MemoryEventLog(100), capture, Metrics(), record_events=record_events
     )
 
 
 async def test_a_task_is_visible_only_to_its_owner() -> None:
     tasks = registry()
-    task = await tasks.create("alice", "build", None)
+    task = await tasks.create("alice", "build", None, dialect=DIALECT)
     assert tasks.get("alice", task.id) is task
     assert tasks.get("bob", task.id) is None
     assert tasks.get("alice", "no-such-id") is None
-    assert tasks.owned_by("bob") == []
+    assert (await tasks.list_owned("bob", None)).records == []
 
 
 async def test_the_per_caller_limit_holds_and_frees_on_expiry() -> None:
     tasks = registry(max_tasks_per_owner=2)
-    first = await tasks.create("alice", "build", 50)
-    await tasks.create("alice", "build", 60_000)
+    first = await tasks.create("alice", "build", 50, dialect=DIALECT)
+    await tasks.create("alice", "build", 60_000, dialect=DIALECT)
     with pytest.raises(TaskLimitReached):
-        await tasks.create("alice", "build", None)
-    await tasks.create("bob", "build", None)  # another caller has a limit of their own
+        await tasks.create("alice", "build", None, dialect=DIALECT)
+    await tasks.create("bob", "build", None, dialect=DIALECT)  # another caller has a limit of their own
     await asyncio.sleep(0.1)
     await tasks.sweep_once()  # the 50 ms task expired
     assert tasks.get("alice", first.id) is None
-    await tasks.create("alice", "build", None)
+    await tasks.create("alice", "build", None, dialect=DIALECT)
 
 
 async def test_requested_ttl_is_capped_and_defaulted() -> None:
     tasks = registry(default_ttl_ms=1000, max_ttl_ms=5000)
-    assert (await tasks.create("a", "t", 10_000_000)).ttl_ms == 5000
-    assert (await tasks.create("a", "t", None)).ttl_ms == 1000
-    assert (await tasks.create("a", "t", True)).ttl_ms == 1000  # a boolean is not a TTL
+    assert (await tasks.create("a", "t", 10_000_000, dialect=DIALECT)).ttl_ms == 5000
+    assert (await tasks.create("a", "t", None, dialect=DIALECT)).ttl_ms == 1000
+    assert (await tasks.create("a", "t", True, dialect=DIALECT)).ttl_ms == 1000  # a boolean is not a TTL
 
 
 async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None:
     tasks = registry()
-    task = await tasks.create("a", "t", None)
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
     assert await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"jsonrpc": "2.0", "id": 1, "result": {}})
     assert not await tasks.set_status(task, TaskStatus.FAILED, "late")
     assert task.status is TaskStatus.COMPLETED and task.done.is_set()
@@ -66,7 +72,7 @@ async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None
 
 async def test_with_events_disabled_nothing_is_recorded() -> None:
     tasks = registry(record_events=False)
-    task = await tasks.create("a", "t", None)
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
     await tasks.set_status(task, TaskStatus.FAILED, "boom")
     assert task.status is TaskStatus.FAILED
     assert (await tasks.bounds(task)).next_seq == 0
@@ -75,13 +81,13 @@ async def test_with_events_disabled_nothing_is_recorded() -> None:
 async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
     tasks = registry(retention={"max_result_bytes": 100})
     small = {"content": [{"type": "text", "text": "x" * 50}]}
-    kept = await tasks.create("a", "t", None)
+    kept = await tasks.create("a", "t", None, dialect=DIALECT)
     await tasks.set_status(kept, TaskStatus.COMPLETED, outcome={"result": small})
     assert kept.outcome == {"result": small}
 
     large = {"content": [{"type": "text", "text": "x" * 100}]}
     size = len(orjson.dumps(large))
-    task = await tasks.create("a", "t", None)
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
     await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"result": large})
     error = {
         "code": -32603,
@@ -106,7 +112,7 @@ def result_bytes(chars: int) -> int:
 
 
 async def ended(tasks: TaskRegistry, chars: int, ttl_ms: int | None = None) -> Task:
-    task = await tasks.create("a", "t", ttl_ms)
+    task = await tasks.create("a", "t", ttl_ms, dialect=DIALECT)
     await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(chars))
     return task
 
@@ -116,7 +122,7 @@ async def test_the_results_budget_evicts_the_oldest_kept_results_first_and_logs_
     tasks = registry(retention={"max_result_bytes": 2 * size, "results_budget_bytes": 3 * size})
     first, second, third = [await ended(tasks, 100) for _ in range(3)]
     assert tasks.kept_bytes == 3 * size
-    cancelled = await tasks.create("a", "t", None)
+    cancelled = await tasks.create("a", "t", None, dialect=DIALECT)
     await tasks.set_status(cancelled, TaskStatus.CANCELLED)  # no outcome: nothing kept, nothing evicted
     assert tasks.kept_bytes == 3 * size and first.outcome == text_result(100)
 
@@ -167,3 +173,49 @@ async def test_an_oversized_result_counts_only_its_small_error_against_the_budge
 def test_max_result_bytes_must_fit_the_budget() -> None:
     with pytest.raises(ValueError, match="max_result_bytes must not exceed results_budget_bytes"):
         Config.model_validate({"retention": {"max_result_bytes": 2000, "results_budget_bytes": 1000}})
+
+
+async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task() -> None:
+    tasks = registry()
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    await tasks.set_status(task, TaskStatus.COMPLETED, "done", outcome=text_result(3))
+    stored = await tasks.store.get("a", task.id)
+    assert stored is not None
+    assert (stored.status, stored.status_message, stored.dialect) == (TaskStatus.COMPLETED, "done", DIALECT)
+    assert stored.outcome_summary == {
+        "status": "completed",
+        "isError": False,
+        "content": [{"type": "text", "bytes": 3}],
+    }
+    assert stored.next_seq == (await tasks.bounds(task)).next_seq == 3  # created, status, terminal
+    assert await tasks.store.outcome(task.id) == orjson.dumps(text_result(3))
+
+
+async def test_a_status_change_another_writer_got_to_first_loses_and_records_nothing() -> None:
+    tasks = registry()
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    # Another writer (a second replica, say) ends the task behind this process's back, as set_status
+    # does: its two lifecycle events and the seal in one append, then the status in the store.
+    await tasks.log.append(task.id, [b'{"other":1}', b'{"other":2}'], seal=True)
+    assert await tasks.store.update_status(task.id, TaskStatus.WORKING, TaskStatus.CANCELLED, None, "T1")
+    assert not await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(3))
+    stored = await tasks.store.find(task.id)
+    assert stored is not None and stored.status is TaskStatus.CANCELLED
+    assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
+    assert (await tasks.bounds(task)).next_seq == 3  # task.created and the other writer's two: none of ours
+    assert not task.done.is_set()
+
+
+async def test_a_large_outcome_summary_is_kept_in_the_record_only_as_its_status_and_size() -> None:
+    tasks = registry()
+    blocks = {"result": {"content": [{"type": "text", "text": "x"}] * 100}}
+    task = await tasks.create("a", "t", None, dialect=DIALECT)
+    await tasks.set_status(task, TaskStatus.COMPLETED, outcome=blocks)
+    events = await tasks.log.read(task.id, -1, 10)
+    terminal = orjson.loads(b"{" + events[-1].body + b"}")["payload"]
+    assert len(terminal["content"]) == 100  # the terminal event says it all
+    size = len(orjson.dumps(terminal))
+    assert size > SUMMARY_LIMIT_BYTES
+    stored = await tasks.store.get("a", task.id)
+    assert stored is not None
+    assert stored.outcome_summary == {"status": "completed", "omitted": {"size": size, "limit": SUMMARY_LIMIT_BYTES}}

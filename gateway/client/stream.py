@@ -289,7 +289,7 @@ class GatewayClient:
                 headers["Mcp-Name"] = header_value(params[name_param])
         return headers
 
-    def _envelope(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    def envelope(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """Modern requests carry the protocol version and client capabilities in `params._meta`."""
         body = dict(params or {})
         if self.era == "modern":
@@ -301,16 +301,23 @@ class GatewayClient:
             body["_meta"] = meta
         return body
 
-    async def _open(self, message: Message, *, renew: bool = True) -> aiohttp.ClientResponse:
-        """POST `message`; in legacy, a 404 for our session opens a new one and the POST is sent again
-        (the server refused it before doing anything, so sending it again is safe)."""
+    async def post(
+        self, message: Message, *, renew: bool = True, headers: Mapping[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST `message` as it is (add the modern envelope with `envelope`) with the era's headers,
+        `headers` set over them; read the answer with `messages`. In legacy, a 404 for our session opens
+        a new one and the POST is sent again (the server refused it before doing anything, so sending
+        it again is safe)."""
         if renew and self.era == "legacy" and self._session_id is None:
             await self._renew_session(None)
         for attempt in range(2 if renew else 1):
             session_id = self._session_id
             try:
                 response = await self._client().post(
-                    self.url, data=orjson.dumps(message), headers=self._headers_for(message), timeout=self._timeout
+                    self.url,
+                    data=orjson.dumps(message),
+                    headers={**self._headers_for(message), **(headers or {})},
+                    timeout=self._timeout,
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise TransportError(f"cannot reach {self.url}: {exc or type(exc).__name__}") from exc
@@ -321,7 +328,7 @@ class GatewayClient:
             return response
         raise AssertionError("unreachable")
 
-    async def _messages(self, response: aiohttp.ClientResponse) -> AsyncIterator[Message]:
+    async def messages(self, response: aiohttp.ClientResponse) -> AsyncIterator[Message]:
         """The JSON-RPC messages of one response, JSON or SSE, as they arrive."""
         content_type = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
         try:
@@ -358,7 +365,7 @@ class GatewayClient:
     ) -> Message:
         """Read `response` until the JSON-RPC response to `request_id`; pass other messages on."""
         try:
-            async for message in self._messages(response):
+            async for message in self.messages(response):
                 if answers(message, request_id):
                     return message
                 await self._other(message, on_message)
@@ -386,7 +393,7 @@ class GatewayClient:
             await self._send_only(answer)
 
     async def _send_only(self, message: Message, *, renew: bool = True) -> None:
-        response = await self._open(message, renew=renew)
+        response = await self.post(message, renew=renew)
         try:
             if response.status >= 400:
                 final = await self._final(response, message.get("id"), None)
@@ -403,8 +410,8 @@ class GatewayClient:
 
         Raises JsonRpcError (EventsGone for events_gone) for an error response and TransportError when
         no answer arrives. `on_message` sees the notifications that precede the answer."""
-        message = {"jsonrpc": "2.0", "id": self.next_id(), "method": method, "params": self._envelope(params)}
-        response = await self._open(message)
+        message = {"jsonrpc": "2.0", "id": self.next_id(), "method": method, "params": self.envelope(params)}
+        response = await self.post(message)
         final = await self._final(response, message["id"], on_message)
         if "error" in final:
             raise error_from(final["error"], http_status=response.status, task_id=str((params or {}).get("taskId", "")))
@@ -416,7 +423,7 @@ class GatewayClient:
         """Send a notification (answered 202 with no body)."""
         message: Message = {"jsonrpc": "2.0", "method": method}
         if params is not None or self.era == "modern":
-            message["params"] = self._envelope(params)
+            message["params"] = self.envelope(params)
         await self._send_only(message)
 
     # -- tasks/stream -----------------------------------------------------------------------------
@@ -637,13 +644,13 @@ class TaskStream:
             "jsonrpc": "2.0",
             "id": self.request_id,
             "method": "tasks/stream",
-            "params": self.client._envelope(params),
+            "params": self.client.envelope(params),
         }
-        response = await self.client._open(message)
+        response = await self.client.post(message)
         self._response = response
         self._active = True
         try:
-            async for incoming in self.client._messages(response):
+            async for incoming in self.client.messages(response):
                 if incoming.get("method") == EVENT_METHOD:
                     event = incoming.get("params")
                     if not isinstance(event, dict) or event.get("taskId") != self.task_id:

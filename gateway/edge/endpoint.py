@@ -2,10 +2,10 @@
 
 A request whose `MCP-Protocol-Version` header is absent or a handshake version takes the legacy
 session path (initialize, Mcp-Session-Id, GET stream, DELETE); any other version takes the stateless
-2026-07-28 path. After the transport checks, a request goes one of three ways: `tasks/stream` (answered
-from the event log), a task method or task-augmented `tools/call` the gateway hosts because the
-upstream has no Tasks, or forwarded to the upstream and relayed back as it is produced. When the
-upstream hosts Tasks itself, forwarding maps task ids and learns the tasks it creates (`Passthrough`).
+2026-07-28 path. After the transport checks, the task service (`gateway.tasks.service`) decides what
+a request means and returns a plan, which the endpoint carries out over HTTP: a reply now, a forward
+to the upstream relayed back as it is produced, a `tasks/stream` served from the event log, or a legacy
+`tasks/result` that waits for its task. The endpoint decides no task semantics itself.
 
 Handlers rely on aiohttp's `handler_cancellation` to learn that a client went away.
 """
@@ -13,10 +13,8 @@ Handlers rely on aiohttp's `handler_cancellation` to learn that a client went aw
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -24,34 +22,25 @@ from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
 from gateway.edge.rejections import Rejections
-from gateway.edge.relay import Transform, relay
+from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
-from gateway.edge.task_routes import Call, TaskRoutes
+from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import (
-    CLIENT_CAPABILITIES_KEY,
-    LATEST_HANDSHAKE_VERSION,
-    MODERN_VERSIONS,
-    PROTOCOL_VERSION_KEY,
-    Era,
-)
+from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
 from gateway.replay import LAST_EVENT_ID, StreamGap
-from gateway.sessions import ResponseRoute, Session, SessionRegistry
-from gateway.tasks.hosted import TASKS_EXTENSION, Caller, declares_tasks_extension
-from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
-from gateway.tasks.registry import ANONYMOUS
+from gateway.sessions import Session, SessionRegistry
+from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
+from gateway.tasks.service import TaskService
 from gateway.upstream.base import Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
 
-ChannelSource = Callable[[], Awaitable[UpstreamChannel]]
-"""How a request gets its upstream channel, only once it needs one."""
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 
 
@@ -83,25 +72,22 @@ class McpEndpoint:
         config: ServerConfig,
         upstream: Upstream,
         sessions: SessionRegistry,
-        task_routes: TaskRoutes,
-        passthrough: Passthrough,
+        service: TaskService,
         metrics: Metrics,
         rejections: Rejections,
         budget: BufferBudget,
         *,
-        events_enabled: bool,
+        stream_write_timeout_s: float,
     ) -> None:
         self._config = config
         self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
-        self._tasks = task_routes
-        self._passthrough = passthrough
+        self._service = service
         self._metrics = metrics
         self._rejections = rejections
-        self._events_enabled = events_enabled
-        self._modern_upstream_tasks: bool | None = None
-        self._probe_lock = asyncio.Lock()
+        self._stream_write_timeout_s = stream_write_timeout_s
+        self._relay = RelaySettings(metrics, config.keepalive_s, config.flush_interval_ms / 1000)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -166,43 +152,19 @@ class McpEndpoint:
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
             session.engaged = True
         if kind is Kind.NOTIFICATION:
-            if not self._cancel_local(session, message):
-                await session.channel.notify(message, headers)
+            await self._service.client_notification(session, message, headers)
             return web.Response(status=202)
         if kind is Kind.RESPONSE:
-            if message["id"] not in session.pending_server_requests:
-                raise ProtocolError(
-                    jsonrpc.INVALID_REQUEST,
-                    f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
-                )
-            session.pending_server_requests.discard(message["id"])
-            if session.upstream_has_tasks:
-                await self._passthrough.answered(session.channel, message)
-            await session.respond(message, headers)
+            await self._service.client_response(session, message, headers)
             return web.Response(status=202)
-        call = Call(request, message, Era.LEGACY, session, headers, Caller(ANONYMOUS, Era.LEGACY))
 
         async def session_channel() -> UpstreamChannel:
             self._budget.admit(message["id"])
             await session.channel.resume()  # a parked session takes a process back (or gets 503)
             return session.channel
 
-        session.open_streams += 1
-        try:
-            return await self._dispatch(call, session_channel, hosting=not session.upstream_has_tasks)
-        finally:
-            session.open_streams -= 1
-            session.touch()
-
-    def _cancel_local(self, session: Session, message: Message) -> bool:
-        """A notifications/cancelled for a request the gateway serves itself stops it there."""
-        if message.get("method") != "notifications/cancelled":
-            return False
-        stop = session.local_requests.get(jsonrpc.params_of(message).get("requestId"))  # type: ignore[arg-type]
-        if stop is None:
-            return False
-        stop.set()
-        return True
+        with session.serving():
+            return await self._dispatch(request, TaskCall(message, Era.LEGACY, headers, session, session_channel))
 
     async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
         try:
@@ -210,27 +172,24 @@ class McpEndpoint:
         except Overloaded as error:
             error.request_id = message["id"]
             raise
-        session.open_streams += 1  # the handshake timeout runs once initialize has been answered
-        exchange = await session.channel.request(message, headers)
-        try:
-            async with asyncio.timeout(self._config.initialize_timeout_s):
-                messages = await exchange.collect()
-        except TimeoutError:
-            await exchange.cancel()
-            await self._sessions.close(session.id)
-            raise ProtocolError(
-                jsonrpc.INTERNAL_ERROR,
-                f"the upstream did not answer initialize within {self._config.initialize_timeout_s} s",
-                http_status=504,
-                request_id=message["id"],
-            ) from None
-        except asyncio.CancelledError:
-            exchange.detach()
-            await self._sessions.close(session.id)
-            raise
-        finally:
-            session.open_streams -= 1
-            session.touch()
+        with session.serving():  # the handshake timeout runs once initialize has been answered
+            exchange = await session.channel.request(message, headers)
+            try:
+                async with asyncio.timeout(self._config.initialize_timeout_s):
+                    messages = await exchange.collect()
+            except TimeoutError:
+                await exchange.cancel()
+                await self._sessions.close(session.id)
+                raise ProtocolError(
+                    jsonrpc.INTERNAL_ERROR,
+                    f"the upstream did not answer initialize within {self._config.initialize_timeout_s} s",
+                    http_status=504,
+                    request_id=message["id"],
+                ) from None
+            except asyncio.CancelledError:
+                exchange.detach()
+                await self._sessions.close(session.id)
+                raise
         final = messages.pop()
         self._metrics.requests.labels(method="initialize", outcome="error" if "error" in final else "ok").inc()
         if "error" in final or not isinstance(final.get("result"), dict):
@@ -238,11 +197,7 @@ class McpEndpoint:
             return json_response(final)
         # Priming events are SEP-1699 (2025-11-25): older clients would try to parse their empty data.
         session.streams.priming = str(final["result"].get("protocolVersion")) >= LATEST_HANDSHAKE_VERSION
-        capabilities = final["result"].get("capabilities")
-        session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
-        if session.upstream_has_tasks:
-            session.channel.tap = self._passthrough.observe
-        final = {**final, "result": self._tasks.hosted.advertise_legacy(final["result"], session.upstream_has_tasks)}
+        final = {**final, "result": self._service.initialized(session, final["result"])}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
             if messages:
@@ -268,8 +223,6 @@ class McpEndpoint:
                 http_status=404,
                 request_id=message["id"],
             )
-        call = Call(request, message, Era.MODERN, None, headers, Caller(ANONYMOUS, Era.MODERN))
-
         leased: list[UpstreamChannel] = []
 
         async def lease() -> UpstreamChannel:
@@ -284,193 +237,38 @@ class McpEndpoint:
                 leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
             return leased[0]
 
-        try:
-            hosting = not await self._modern_upstream_has_tasks()
-            return await self._dispatch(call, lease, hosting=hosting)
-        except Overloaded as error:  # the upstream probe found no process free
-            error.request_id = message["id"]
-            raise
-        finally:
-            if not call.resources_kept:
-                await call.resources.aclose()
+        call = TaskCall(message, Era.MODERN, headers, None, lease)
+        return await self._dispatch(request, call)
 
-    # -- one classification per request ------------------------------------------------------------
+    # -- carrying out the service's plan -----------------------------------------------------------
 
-    async def _dispatch(self, call: Call, channel: ChannelSource, *, hosting: bool) -> web.StreamResponse:
+    async def _dispatch(self, request: web.Request, call: TaskCall) -> web.StreamResponse:
         try:
-            if call.method == "tasks/stream":
-                return await self._tasks.stream(call, self._events_enabled)
-            if not hosting:
-                return await self._with_upstream_tasks(call, channel)
-            if self._tasks.serves(call):
-                return await self._tasks.task_method(call)
-            if call.method == "tools/call":
-                answer = (
-                    await self._tasks.legacy_tool_call(call, await channel())
-                    if call.era is Era.LEGACY
-                    else await self._tasks.modern_tool_call(call, await channel())
-                )
-                if answer is not None:
-                    return answer
-            return await self._forward(call, await channel(), self._transform_for(call, hosting))
+            return await self._carry_out(request, call, await self._service.plan(call))
         except ProtocolError as error:
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
             return self._error_response(error, call.era)
+        finally:
+            if not call.resources_kept:
+                await call.resources.aclose()
 
-    async def _with_upstream_tasks(self, call: Call, channel_source: ChannelSource) -> web.StreamResponse:
-        """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
-        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
-        answer_route: ResponseRoute | None = None
-        if call.method in ROUTED_METHODS[call.era]:
-            task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
-            if task.terminal:
-                # Its record holds how it ended (the outcome too) and answers, exactly and even once
-                # the upstream conversation that held the task is gone.
-                return await self._tasks.task_method(call)
-            call = dataclasses.replace(call, message=message, headers=headers)
-            channel = task.upstream.channel if call.era is Era.LEGACY else await channel_source()
-            if call.session is not None and channel is not call.session.channel:
-                # A task of another session of this caller: answers to its requests go back to it.
-                answer_route = self._answering(channel)
-        else:
-            if call.method == "subscriptions/listen":
-                listen = self._passthrough.route_listen(call.caller.owner, call.message)
-                call = dataclasses.replace(call, message=listen)
-            channel = await channel_source()
-        channel.tap = self._passthrough.observe
-        params = jsonrpc.params_of(call.message)
-        if call.method == "tools/call" and (
-            "task" in params if call.era is Era.LEGACY else declares_tasks_extension(call.message)
-        ):
-            observed: list[Message] = []
-            return await self._forward(call, channel, self._learning(call, channel, observed), observed)
-        return await self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
-
-    def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
-        async def answer(message: Message, headers: Mapping[str, str]) -> None:
-            await self._passthrough.answered(channel, message)
-            await channel.respond(message, headers)
-
-        return answer
-
-    def _learning(self, call: Call, channel: UpstreamChannel, observed: list[Message]) -> Transform:
-        """Learn the task the upstream's answer creates (the answer itself passes unchanged)."""
-        session = call.session
-
-        async def learn(final: Message) -> Message:
-            # A legacy session's upstream channel must outlive the session while the task runs on it.
-            hold = session.task_ended if session is not None else None
-            task = await self._passthrough.adopt(
-                call.caller.owner, channel, call.era, call.message, final, observed, call.headers, hold
+    async def _carry_out(self, request: web.Request, call: TaskCall, plan: Plan) -> web.StreamResponse:
+        if isinstance(plan, Reply):
+            return await Responder(request, self._metrics).finish(plan.message, call.era)
+        if isinstance(plan, Forward):
+            exchange = await plan.channel.request(plan.message, plan.headers)
+            streams = call.session.streams if call.session is not None else None
+            responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s, streams=streams)
+            return await relay(exchange, responder, call.era, self._relay, plan.hooks)
+        if isinstance(plan, StreamEvents):
+            return await stream_events(
+                plan, Responder(request, self._metrics, write_timeout_s=self._stream_write_timeout_s)
             )
-            if task is not None and session is not None:
-                session.task_started()  # before the task's watcher can run, which releases it
-            return final
-
-        return learn
-
-    def _transform_for(self, call: Call, hosting: bool) -> Transform | None:
-        """Responses the gateway adds its own capabilities to."""
-        hosted = self._tasks.hosted
-        if call.method == "server/discover":
-
-            async def discover(final: Message) -> Message:
-                result = final.get("result")
-                if not isinstance(result, dict):
-                    return final
-                self._modern_upstream_tasks = upstream_declares_tasks(result)
-                return {**final, "result": hosted.advertise_modern(result)}
-
-            return discover
-        if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
-
-            async def annotate(final: Message) -> Message:
-                result = final.get("result")
-                return {**final, "result": hosted.annotate_tools(result)} if isinstance(result, dict) else final
-
-            return annotate
-        return None
-
-    async def _forward(
-        self,
-        call: Call,
-        channel: UpstreamChannel,
-        transform: Transform | None,
-        observed: list[Message] | None = None,
-        *,
-        answer_route: ResponseRoute | None = None,
-    ) -> web.StreamResponse:
-        exchange = await channel.request(call.message, call.headers)
-        if call.era is Era.MODERN:
-            transform = self._pinning(channel, transform)
-        streams = call.session.streams if call.session is not None else None
-        responder = Responder(
-            call.request, self._metrics, write_timeout_s=self._config.write_timeout_s, streams=streams
-        )
-        return await relay(
-            exchange,
-            responder,
-            call.era,
-            self._metrics,
-            self._config.keepalive_s,
-            session=call.session,
-            transform=transform,
-            observed=observed,
-            answer_route=answer_route,
-            flush_interval_s=self._config.flush_interval_ms / 1000,
-        )
-
-    def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
-        """An input_required answer's retry must reach the channel that issued its requestState."""
-
-        async def pin(final: Message) -> Message:
-            result = final.get("result")
-            if isinstance(result, dict) and result.get("resultType") == "input_required":
-                state = result.get("requestState")
-                if isinstance(state, str):
-                    self._upstream.pin(state, channel)
-            return await transform(final) if transform is not None else final
-
-        return pin
-
-    async def _modern_upstream_has_tasks(self) -> bool:
-        """Whether a 2026-07-28 upstream declares the tasks extension, probed once with server/discover."""
-        if self._modern_upstream_tasks is not None:
-            return self._modern_upstream_tasks
-        async with self._probe_lock:  # one probe, however many requests arrive before it answers
-            if self._modern_upstream_tasks is None:
-                learned = await self._probe_modern_tasks()
-                if learned is None:  # the upstream is not usable (yet): learn once it is
-                    return False
-                self._modern_upstream_tasks = learned
-        return self._modern_upstream_tasks
-
-    async def _probe_modern_tasks(self) -> bool | None:
-        """Whether the upstream declares the tasks extension; None when it could not be asked."""
-        probe = {
-            "jsonrpc": "2.0",
-            "id": "mcp-task-gateway-discover",
-            "method": "server/discover",
-            "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
-        }
-        probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
-        async with self._upstream.stateless() as channel:
-            exchange = await channel.request(probe, probe_headers)
-            try:
-                async with asyncio.timeout(self._config.initialize_timeout_s):
-                    final = (await exchange.collect())[-1]
-            except TimeoutError:
-                await exchange.cancel()
-                log.warning("the upstream did not answer server/discover; assuming it has no tasks")
-                return False
-        if exchange.failure is not None:
-            return None
-        result = final.get("result")
-        # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
-        return isinstance(result, dict) and upstream_declares_tasks(result)
+        assert isinstance(plan, AwaitResult)
+        return await await_result(plan, Responder(request, self._metrics), call.era, self._config.keepalive_s)
 
     # -- GET and DELETE (legacy only) -------------------------------------------------------------
 
@@ -543,9 +341,3 @@ class McpEndpoint:
         session = await self._session_for(request)
         await self._sessions.close(session.id)
         return web.Response(status=200)
-
-
-def upstream_declares_tasks(discover_result: dict[str, Any]) -> bool:
-    capabilities = discover_result.get("capabilities")
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions

@@ -1,9 +1,10 @@
 """Relaying one upstream exchange to one client response, and what a dropped client means per era.
 
-The relay writes each batch the moment it arrives. Optional hooks serve the other paths: a
+The relay writes each batch the moment it arrives. The plan's `RelayHooks` serve the other paths: a
 `transform` of the final response (the gateway adds its capabilities to `server/discover` and
 `tools/list`, and learns the tasks an upstream creates), `observed` (a list that collects what was
-relayed before the response), and a `Handoff` that turns a call still running at a deadline into a
+relayed before the response), the session that expects the client's answers to relayed server requests
+(and where they go), and a `Handoff` that turns a call still running at a deadline into a
 gateway-hosted task: the handoff answers the client and takes the exchange over.
 
 A 2025-11-25 call whose resumable SSE response loses its connection is relayed on, unattended, into
@@ -13,10 +14,10 @@ its replay stream (the session owns that relay), so that a GET with Last-Event-I
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -26,44 +27,29 @@ from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
-from gateway.sessions import ResponseRoute, Session
+from gateway.tasks.plans import RelayHooks
 from gateway.upstream.base import Exchange
 
-Transform = Callable[[Message], Awaitable[Message]]
+NO_HOOKS = RelayHooks()
 
 
-@dataclass
-class Handoff:
-    """Turn the call into a task if it is still running at `deadline` (time.monotonic())."""
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    """How every relay paces itself, from the server config."""
 
-    deadline: float
-    take_over: Callable[[list[Message]], Awaitable[Message]]
-    """Gets the notifications seen so far; creates the task, takes the exchange, returns the answer."""
-    forward: Callable[[Message], bool] = field(default=lambda message: True)
-    """Which notifications the client asked for and may see live before the handoff."""
-    possible: Callable[[], bool] = field(default=lambda: True)
-    """Whether a task can be made at the deadline; if not, the call carries on as a plain call."""
-    taken: bool = False
+    metrics: Metrics
+    keepalive_s: float
+    flush_interval_s: float
 
 
 async def relay(
-    exchange: Exchange,
-    responder: Responder,
-    era: Era,
-    metrics: Metrics,
-    keepalive_s: float,
-    *,
-    session: Session | None = None,
-    transform: Transform | None = None,
-    handoff: Handoff | None = None,
-    observed: list[Message] | None = None,
-    answer_route: ResponseRoute | None = None,
-    flush_interval_s: float,
+    exchange: Exchange, responder: Responder, era: Era, settings: RelaySettings, hooks: RelayHooks = NO_HOOKS
 ) -> web.StreamResponse:
-    """Relay `exchange` to `responder`. `answer_route` takes the client's answers to the server
-    requests relayed here, instead of the session's own upstream channel."""
+    """Relay `exchange` to `responder`, with what `hooks` add."""
+    metrics, keepalive_s = settings.metrics, settings.keepalive_s
+    transform, handoff, observed = hooks.transform, hooks.handoff, hooks.observed
     started = time.perf_counter()
-    pacer = WritePacer(flush_interval_s)
+    pacer = WritePacer(settings.flush_interval_s)
     unattended = False
     if observed is None and handoff is not None:
         observed = []  # what the handoff passes on to the task
@@ -85,40 +71,36 @@ async def relay(
                 observed.extend(message for message in batch if not jsonrpc.is_final(message))
             if batch and jsonrpc.is_final(batch[-1]):
                 final = batch.pop()
-                await _send(batch, responder, session, handoff, answer_route)
+                await _send(batch, responder, hooks)
                 metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
                 outcome = "error" if "error" in final else "ok"
                 metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
                 return await responder.finish(await transform(final) if transform else final, era)
             if batch:
-                await _send(batch, responder, session, handoff, answer_route)
+                await _send(batch, responder, hooks)
                 pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline and not handoff.possible():
                 handoff.deadline = math.inf  # no room for a task (a ceiling): the client gets the answer
             elif handoff is not None and time.monotonic() >= handoff.deadline:
                 handoff.taken = True
-                answer = await handoff.take_over(observed or [])
+                answer = await handoff.take_over(exchange, observed or [])
                 metrics.requests.labels(method=exchange.method, outcome="task").inc()
                 return await responder.finish(answer, era)
             elif wait >= keepalive_s:
                 await responder.keepalive()
     except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
-        if session is not None and responder.resumable and (handoff is None or not handoff.taken):
+        if hooks.session is not None and responder.resumable and (handoff is None or not handoff.taken):
             assert responder.replay is not None
             unattended = True
+            # On its own, without the handoff; what it observes goes on into the same list.
             go_on = relay(
                 exchange,
                 responder,
                 era,
-                metrics,
-                keepalive_s,
-                session=session,
-                transform=transform,
-                observed=observed,
-                answer_route=answer_route,
-                flush_interval_s=0,
+                dataclasses.replace(settings, flush_interval_s=0),
+                dataclasses.replace(hooks, handoff=None, observed=observed),
             )
-            session.streams.run_on(responder.replay, go_on)
+            hooks.session.streams.run_on(responder.replay, go_on)
         elif handoff is None or not handoff.taken:
             await _client_gone(exchange, era, metrics)
         response = responder.abandon()
@@ -131,20 +113,12 @@ async def relay(
         responder.close()
 
 
-async def _send(
-    batch: list[Message],
-    responder: Responder,
-    session: Session | None,
-    handoff: Handoff | None,
-    answer_route: ResponseRoute | None,
-) -> None:
-    if session is not None:
+async def _send(batch: list[Message], responder: Responder, hooks: RelayHooks) -> None:
+    if hooks.session is not None:
         for message in batch:
-            session.note_outgoing(message)
-            if answer_route is not None and "method" in message and "id" in message:
-                session.response_routes[message["id"]] = answer_route
-    if handoff is not None:
-        batch = [message for message in batch if handoff.forward(message)]
+            hooks.session.note_outgoing(message, hooks.answer_route)
+    if hooks.handoff is not None:
+        batch = [message for message in batch if hooks.handoff.forward(message)]
     if batch:
         await responder.send(batch)
 

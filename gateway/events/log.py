@@ -1,9 +1,28 @@
 """The retained per-task event log: its interface (``EventLog``) and the embedded in-memory store.
 
 Each task has its own log of opaque byte bodies numbered by ``seq`` from 0, incrementing by exactly 1
-(SEP-2694). The interface is kept as small as Redis Streams': batched append, read after an exclusive
-cursor, bounds, wait for growth, trim, delete. Readers are cursors, not queues: the log keeps no
-per-reader state and wakes every waiter of a task when it grows.
+(SEP-2694). A log carries its own end and deletion: ``seal`` ends it (a reader caught up with a sealed
+log is done), and ``delete`` drops its events but leaves a tombstone that keeps ``next_seq``, so a seq
+is never reused. Retention is per task and happens where the task's log is touched (append, read,
+bounds): at most ``max_events_per_task`` events, none older than ``max_event_age_s``; no sweeper walks
+the whole store. Readers are cursors, not queues: the log keeps no per-reader state and wakes every
+waiter of a task when it grows or is sealed or deleted.
+
+The interface is kept as small as Redis Streams', and each operation maps onto the other stores:
+
+- ``append`` (batched, optionally sealing): Redis, one script that checks the meta hash (sealed,
+  deleted), runs ``XADD key MAXLEN ~ N 0-* t <time> d <body>`` per body, drops head entries whose time
+  field is older than the age (``XTRIM MINID 0-<first kept seq + 1>``; ``0-N`` ids carry no time), sets
+  ``sealed`` and publishes a wake-up; SQLite, one transaction that inserts rows ``(task, seq, ts, body)``,
+  updates the task's row (``next_seq``, ``sealed``) and deletes the rows over the count or the age.
+- ``read``: ``XRANGE key (0-<after+1> + COUNT n`` / ``SELECT … WHERE task = ? AND seq > ? LIMIT n``,
+  dropping entries older than the age (and trimming them).
+- ``bounds``: the meta hash (``next_seq``, ``sealed``) plus the first entry / the task row plus
+  ``MIN(seq)``.
+- ``wait``: the wake-up subscription (or ``XREAD BLOCK``) / an in-process condition plus polling.
+- ``seal``: ``HSET meta sealed 1`` and a wake-up / ``UPDATE``.
+- ``delete``: ``DEL`` the stream, keep the meta hash as the tombstone with ``EXPIRE tombstone_ttl_s`` /
+  delete the rows, keep the task row (``deleted``, expiry time) until it expires.
 
 This module must not know JSON-RPC, HTTP or the event envelope: bodies are bytes it never parses.
 """
@@ -11,6 +30,7 @@ This module must not know JSON-RPC, HTTP or the event envelope: bodies are bytes
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from abc import ABC, abstractmethod
 from array import array
@@ -18,7 +38,11 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["EventLog", "LogBounds", "MemoryEventLog", "StoredEvent"]
+__all__ = ["EventLog", "LogBounds", "LogSealed", "MemoryEventLog", "StoredEvent"]
+
+DEFAULT_TOMBSTONE_TTL_S = 86_400.0
+"""How long a deleted log's tombstone lives unless the store is told otherwise: the longest task TTL
+(``[tasks] max_ttl_ms``), so a tombstone outlives every record that could ask for its ``next_seq``."""
 
 _DROPPED = b""
 """Stands in for a trimmed body until the dead prefix is compacted away (frees the body at once)."""
@@ -44,6 +68,17 @@ class LogBounds:
     """Seq of the earliest retained event; ``None`` when nothing is retained."""
     next_seq: int
     """Seq the next append will get (== number of events ever appended to this log)."""
+    sealed: bool = False
+    """The log has ended (sealed, or deleted): a reader that has read up to ``next_seq`` is done."""
+
+    @property
+    def retained_from(self) -> int:
+        """The first seq a reader can still get: ``earliest``, or ``next_seq`` when nothing is retained."""
+        return self.earliest if self.earliest is not None else self.next_seq
+
+
+class LogSealed(Exception):
+    """An append to a log that is sealed (the task has ended) or deleted (only its tombstone is left)."""
 
 
 class EventLog(ABC):
@@ -51,25 +86,33 @@ class EventLog(ABC):
 
     Seqs are dense per task: a reader that asked for events after ``c`` and receives a first event whose
     seq is not ``c + 1`` knows that events were trimmed in between (``events_gone``); the log never
-    renumbers or reuses a seq while the task's log exists.
+    renumbers or reuses a seq, also after ``delete`` (while its tombstone lives).
     """
 
     @abstractmethod
-    async def append(self, task_id: str, bodies: Sequence[bytes]) -> int:
-        """Append ``bodies`` in order and return the seq given to ``bodies[0]``.
+    async def append(self, task_id: str, bodies: Sequence[bytes], *, seal: bool = False, epilogue: bool = False) -> int:
+        """Append ``bodies`` in order and return the seq given to ``bodies[0]``; with ``seal``, seal the
+        log in the same step (so no reader sees the last events without the seal, or the reverse).
 
         Seqs are contiguous and start at 0 for a task's first event. Creates the task's log on first
-        append, enforces the per-task event limit (dropping the oldest) and wakes the task's waiters.
-        An empty batch creates the log if needed and returns the current ``next_seq``.
+        append, trims the task's log (count and age) and wakes the task's waiters. An empty batch
+        creates the log if needed and returns the current ``next_seq``. Raises ``LogSealed`` if the log is
+        deleted, or sealed and this is not an ``epilogue``: a note about the ended task (its kept result
+        evicted) that the log takes after its seal and stays sealed.
         """
 
     @abstractmethod
     async def create(self, task_id: str) -> None:
-        """Create an empty log (bounds: earliest ``None``, next_seq 0); a no-op if the log exists."""
+        """Create an empty log (bounds: earliest ``None``, next_seq 0); a no-op if the log or its tombstone exists."""
+
+    @abstractmethod
+    async def seal(self, task_id: str) -> None:
+        """End the task's log: later appends fail (but epilogues), ``bounds`` says ``sealed`` and ``wait``
+        returns at once. Creates the log (empty, sealed) if it has none; a no-op if it is sealed already."""
 
     @abstractmethod
     async def bounds(self, task_id: str) -> LogBounds | None:
-        """The task's log bounds, or ``None`` if the task has no log."""
+        """The task's log bounds, or ``None`` if the task has no log (nor a tombstone of one)."""
 
     @abstractmethod
     async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
@@ -84,18 +127,17 @@ class EventLog(ABC):
         """Wait until an event with ``seq > after`` has been appended; ``True`` if so, ``False`` on timeout.
 
         Returns ``True`` at once if such an event was already appended (even if it has since been trimmed:
-        the caller's next read or bounds call tells it ``events_gone``). Returns ``False`` promptly if the
-        task's log is deleted (or the store closed) while waiting. If the task has no log yet, waits for
-        one to be created and to grow, within the same timeout.
+        the caller's next read or bounds call tells it ``events_gone``). Returns at once on a sealed log
+        (``True`` only if such an event exists), and ``False`` promptly if the task's log is deleted (or
+        the store closed), also while waiting. If the task has no log yet, waits for one to be created and
+        to grow, within the same timeout.
         """
 
     @abstractmethod
-    async def trim_older_than(self, cutoff: float) -> int:
-        """Drop events with ``created < cutoff`` from every task's log; return how many were dropped."""
-
-    @abstractmethod
     async def delete(self, task_id: str) -> None:
-        """Drop the task's whole log (its waiters wake and get ``False``); a no-op if it has none."""
+        """Drop the task's events, leaving a sealed tombstone that keeps ``next_seq`` (its waiters wake
+        and get ``False``); a no-op if it has no log. The tombstone lives at least the store's
+        ``tombstone_ttl_s``: as long as anything may still ask for the task."""
 
     @abstractmethod
     async def close(self) -> None:
@@ -134,7 +176,7 @@ class _TaskLog:
     so a trim costs amortised O(1) per event and a seek is an index computation.
     """
 
-    __slots__ = ("base", "bodies", "changed", "deleted", "offset", "times")
+    __slots__ = ("base", "bodies", "changed", "deleted", "offset", "sealed", "times")
 
     def __init__(self) -> None:
         self.base = 0
@@ -142,8 +184,10 @@ class _TaskLog:
         self.bodies: list[bytes] = []
         self.times = array("d")
         self.changed: asyncio.Event | None = None
-        """Set (and replaced) on growth or deletion; created only when someone waits."""
+        """Set (and replaced) on growth, sealing or deletion; created only when someone waits."""
+        self.sealed = False
         self.deleted = False
+        """Only the tombstone is left: no events, ``base`` is the ``next_seq`` it keeps; also sealed."""
 
     @property
     def next_seq(self) -> int:
@@ -155,13 +199,18 @@ class _TaskLog:
 
     def bounds(self) -> LogBounds:
         n = len(self.bodies)
-        return LogBounds(self.base + self.offset if self.offset < n else None, self.base + n)
+        return LogBounds(self.base + self.offset if self.offset < n else None, self.base + n, self.sealed)
 
-    def drop_to(self, index: int) -> int:
-        """Drop live entries below list index ``index``; return how many were dropped."""
+    def drop_older_than(self, cutoff: float) -> None:
+        """Drop the live entries created before ``cutoff`` (``times`` is sorted: a binary search)."""
+        if self.offset < len(self.times) and self.times[self.offset] < cutoff:
+            self.drop_to(bisect_left(self.times, cutoff, self.offset))
+
+    def drop_to(self, index: int) -> None:
+        """Drop live entries below list index ``index``."""
         start = self.offset
         if index <= start:
-            return 0
+            return
         bodies = self.bodies
         if index * 2 > len(bodies):  # the dead prefix would exceed half: compact
             del bodies[:index]
@@ -171,7 +220,14 @@ class _TaskLog:
         else:
             bodies[start:index] = [_DROPPED] * (index - start)
             self.offset = index
-        return index - start
+
+    def bury(self) -> None:
+        """Drop every event and keep only what a tombstone needs: ``next_seq``, sealed, deleted."""
+        self.base = self.next_seq
+        self.offset = 0
+        self.bodies = []
+        self.times = array("d")
+        self.sealed = self.deleted = True
 
     def wake(self) -> None:
         if self.changed is not None:
@@ -195,14 +251,29 @@ class MemoryEventLog(EventLog):
     About 160 bytes per retained event with a 100-byte body: the body's bytes object, one list slot and
     one ``double`` in an ``array``; ``StoredEvent`` objects are built only on read. Times are clamped to be
     non-decreasing per task (a wall clock may step back), so age trimming is a binary search per task.
+    A tombstone is one small object per deleted log (about 300 bytes with a 32-character id); expired
+    ones are removed on a later ``delete``, oldest first.
     """
 
-    def __init__(self, max_events_per_task: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        max_events_per_task: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_event_age_s: float = math.inf,
+        tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
+    ) -> None:
         if max_events_per_task < 1:
             raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
+        if not max_event_age_s > 0:
+            raise ValueError(f"max_event_age_s must be positive, got {max_event_age_s}")
         self._max_events = max_events_per_task
+        self._max_age = max_event_age_s
+        self._tombstone_ttl = tombstone_ttl_s
         self._clock = clock
         self._logs: dict[str, _TaskLog] = {}
+        self._tombstones: dict[str, float] = {}
+        """Deleted logs' ids and when their tombstones expire, in the order they were deleted."""
         self._gates: dict[str, _Gate] = {}
         self._closed = False
 
@@ -221,36 +292,55 @@ class MemoryEventLog(EventLog):
                 gate.event.set()
         return log
 
-    async def append(self, task_id: str, bodies: Sequence[bytes]) -> int:
+    def _retained(self, task_id: str) -> _TaskLog | None:
+        """The task's log (or tombstone), its events older than ``max_event_age_s`` dropped first."""
+        log = self._logs.get(task_id)
+        if log is not None and self._max_age != math.inf:
+            log.drop_older_than(self._clock() - self._max_age)
+        return log
+
+    async def append(self, task_id: str, bodies: Sequence[bytes], *, seal: bool = False, epilogue: bool = False) -> int:
         log = self._ensure(task_id)
+        if log.deleted or (log.sealed and not epilogue):
+            state = "deleted" if log.deleted else "sealed"
+            raise LogSealed(f"the log of task {task_id!r} is {state}: it takes no more events")
         first = log.next_seq
         n = len(bodies)
-        if n == 0:
-            return first
-        times = log.times
-        now = self._clock()
-        if log.offset < len(times) and now < times[-1]:
-            now = times[-1]  # never older than the last retained event: keeps ``times`` sorted
-        log.bodies.extend(bodies)
-        if n == 1:
-            times.append(now)
-        else:
-            times.extend(array("d", (now,)) * n)
-        excess = len(log.bodies) - log.offset - self._max_events
-        if excess > 0:
-            log.drop_to(log.offset + excess)
-        log.wake()
+        if n:
+            times = log.times
+            now = clock = self._clock()
+            if log.offset < len(times) and now < times[-1]:
+                now = times[-1]  # never older than the last retained event: keeps ``times`` sorted
+            log.bodies.extend(bodies)
+            if n == 1:
+                times.append(now)
+            else:
+                times.extend(array("d", (now,)) * n)
+            excess = len(log.bodies) - log.offset - self._max_events
+            if excess > 0:
+                log.drop_to(log.offset + excess)
+            if self._max_age != math.inf:
+                log.drop_older_than(clock - self._max_age)
+        if n or seal:
+            log.sealed = log.sealed or seal
+            log.wake()
         return first
 
     async def create(self, task_id: str) -> None:
         self._ensure(task_id)
 
+    async def seal(self, task_id: str) -> None:
+        log = self._ensure(task_id)
+        if not log.sealed:
+            log.sealed = True
+            log.wake()
+
     async def bounds(self, task_id: str) -> LogBounds | None:
-        log = self._logs.get(task_id)
+        log = self._retained(task_id)
         return None if log is None else log.bounds()
 
     async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
-        log = self._logs.get(task_id)
+        log = self._retained(task_id)
         if log is None or limit <= 0:
             return []
         base = log.base
@@ -274,7 +364,7 @@ class MemoryEventLog(EventLog):
             if log.has_after(after):
                 return True
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if log.sealed or remaining <= 0:
                 return False
             changed = log.changed
             if changed is None:
@@ -310,24 +400,29 @@ class MemoryEventLog(EventLog):
                     del self._gates[task_id]
         return None
 
-    async def trim_older_than(self, cutoff: float) -> int:
-        dropped = 0
-        for log in self._logs.values():
-            if log.offset < len(log.times) and log.times[log.offset] < cutoff:
-                dropped += log.drop_to(bisect_left(log.times, cutoff, log.offset))
-        return dropped
-
     async def delete(self, task_id: str) -> None:
-        log = self._logs.pop(task_id, None)
-        if log is not None:
-            log.deleted = True
-            log.bodies = []
-            log.times = array("d")
+        now = self._clock()
+        self._expire_tombstones(now)
+        log = self._logs.get(task_id)
+        if log is not None and not log.deleted:
+            log.bury()
             log.wake()
+            self._tombstones[task_id] = now + self._tombstone_ttl
+
+    def _expire_tombstones(self, now: float) -> None:
+        # Insertion order is expiry order (one TTL for all), up to a wall clock stepping back: then a
+        # tombstone lives a little longer, never shorter.
+        while self._tombstones:
+            task_id, expires = next(iter(self._tombstones.items()))
+            if expires > now:
+                return
+            del self._tombstones[task_id]
+            del self._logs[task_id]
 
     async def close(self) -> None:
         self._closed = True
         logs, self._logs = self._logs, {}
+        self._tombstones = {}
         for log in logs.values():
             log.deleted = True
             log.wake()

@@ -2,7 +2,9 @@
 serves the replay and the live tail alike (so nothing is lost or doubled at the handover).
 
 A stream holds only (task, next seq). It reads the log at its own pace and sleeps on the log's wake-up
-when it is caught up; a slow client costs a blocked write, never a growing buffer.
+when it is caught up; a slow client costs a blocked write, never a growing buffer. Whether the stream is
+over comes from the log alone: it is sealed (the task ended, or the log was deleted) and the cursor has
+reached its end.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ class StreamStart:
     first_seq: int | None
 
 
-def plan_stream(task_id: str, after: int | None, bounds: LogBounds, terminal: bool) -> StreamStart:
-    """SEP-2694's replay-or-events_gone decision, given the log's bounds. Raises ProtocolError."""
+def plan_stream(task_id: str, after: int | None, bounds: LogBounds) -> StreamStart:
+    """SEP-2694's replay-or-events_gone decision, given the log's bounds (sealed: the task has ended).
+    Raises ProtocolError."""
     next_seq = bounds.next_seq
+    terminal = bounds.sealed
     if after is None:
         if bounds.earliest is None:
             return StreamStart(None if terminal else next_seq)
@@ -77,7 +81,7 @@ def plan_stream(task_id: str, after: int | None, bounds: LogBounds, terminal: bo
         )
     if after == next_seq - 1:
         return StreamStart(None if terminal else next_seq)
-    retained_from = bounds.earliest if bounds.earliest is not None else next_seq
+    retained_from = bounds.retained_from
     if after + 1 < retained_from:
         raise events_gone(task_id, retained_from)
     return StreamStart(after + 1)
@@ -139,7 +143,6 @@ async def run_stream(
     log: EventLog,
     task_id: str,
     first_seq: int,
-    sealed: asyncio.Event,
     write: Write,
     *,
     stop: asyncio.Event,
@@ -150,9 +153,9 @@ async def run_stream(
 ) -> Message | ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
-    `sealed` is set once the task is terminal and its last event is in the log. Returns None when
-    everything up to there was delivered (the caller sends the empty result) or as soon as `stop` is
-    set by a cancellation, and an events_gone ProtocolError when retention overtook the cursor.
+    Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
+    result), or as soon as `stop` is set by a cancellation, and an events_gone ProtocolError when
+    retention overtook the cursor.
     """
     frames = EventFrames(task_id)
     cursor = first_seq
@@ -182,25 +185,22 @@ async def run_stream(
         bounds = await log.bounds(task_id)
         if bounds is None:
             return None
-        if bounds.earliest is not None and bounds.earliest > cursor:
-            return events_gone(task_id, bounds.earliest)
-        if sealed.is_set() and cursor >= bounds.next_seq:
+        if bounds.retained_from > cursor:
+            return events_gone(task_id, bounds.retained_from)
+        if bounds.sealed and cursor >= bounds.next_seq:
             return None
-        if not await _wait(log, task_id, cursor - 1, keepalive_s, (stop, sealed)):
-            if stop.is_set():
-                return None
-            if not sealed.is_set():
-                await write(sse.encode_comment("keepalive"))
+        if not await _wait(log, task_id, cursor - 1, keepalive_s, stop) and not stop.is_set():
+            await write(sse.encode_comment("keepalive"))
     return None
 
 
-async def _wait(log: EventLog, task_id: str, after: int, timeout: float, signals: tuple[asyncio.Event, ...]) -> bool:
-    """Wait for the log to grow past `after`, for one of `signals`, or for the keepalive interval."""
+async def _wait(log: EventLog, task_id: str, after: int, timeout: float, stop: asyncio.Event) -> bool:
+    """Wait for the log to grow past `after` (or be sealed), for `stop`, or for the keepalive interval."""
     grow = asyncio.ensure_future(log.wait(task_id, after, timeout))
-    others = [asyncio.ensure_future(signal.wait()) for signal in signals]
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({grow, *others}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({grow, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for future in (grow, *others):
-            future.cancel()
+        grow.cancel()
+        stopped.cancel()
     return grow in done and grow.result()

@@ -45,7 +45,13 @@ def check_modern_request(message: Message, header_values: HeaderValues) -> None:
     _expect_header(header_values, "Mcp-Method", message["method"], request_id)
     name_param = NAME_PARAM.get(message["method"])
     if name_param is not None:
-        _expect_header(header_values, "Mcp-Name", jsonrpc.params_of(message).get(name_param), request_id)
+        name = jsonrpc.params_of(message).get(name_param)
+        if name is None:
+            reason = (
+                f"{message['method']} needs params.{name_param} (the Mcp-Name header repeats it); the request has none"
+            )
+            raise _mismatch(reason, request_id)
+        _expect_header(header_values, "Mcp-Name", name, request_id)
     if version not in MODERN_VERSIONS:
         raise ProtocolError(
             jsonrpc.UNSUPPORTED_PROTOCOL_VERSION,

@@ -18,6 +18,7 @@ LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[-1]
 
 PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
 _MODERN_STATUS = {
     jsonrpc.PARSE_ERROR: 400,

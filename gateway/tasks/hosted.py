@@ -31,8 +31,9 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, Era
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
+from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import (
     InputListener,
     InputRound,
@@ -41,13 +42,13 @@ from gateway.tasks.registry import (
     Task,
     TaskLimitReached,
     TaskRegistry,
-    TaskStatus,
+    legacy_view,
 )
+from gateway.tasks.store import InvalidCursor
 from gateway.upstream.base import Exchange, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.hosted")
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 LEGACY_TASK_METHODS = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
 MODERN_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
@@ -187,7 +188,9 @@ class HostedTasks:
         params = jsonrpc.params_of(message)
         requested = params.get("task", {}).get("ttl") if isinstance(params.get("task"), dict) else None
         try:
-            return await self.registry.create(caller.owner, str(params.get("name")), requested, era=caller.era.value)
+            return await self.registry.create(
+                caller.owner, str(params.get("name")), requested, dialect=caller.era.value
+            )
         except TaskLimitReached as exc:
             raise task_limit_error(exc, message["id"]) from None
 
@@ -447,7 +450,7 @@ class HostedTasks:
         method, request_id = message["method"], message["id"]
         params = jsonrpc.params_of(message)
         if method == "tasks/list":
-            return result_message(request_id, self._list(caller, params.get("cursor"), request_id))
+            return result_message(request_id, await self._list(caller, params.get("cursor"), request_id))
         task = self.registry.get(caller.owner, params.get("taskId"))
         if task is None:
             raise unknown_task(request_id)
@@ -462,17 +465,17 @@ class HostedTasks:
             raise unknown_task(message["id"])
         return task
 
-    def _list(self, caller: Caller, cursor: object, request_id: RequestId) -> dict[str, Any]:
-        tasks = self.registry.owned_by(caller.owner)
-        start = 0
-        if cursor is not None:
-            if not isinstance(cursor, str) or not cursor.isdigit() or int(cursor) > len(tasks):
-                raise ProtocolError(jsonrpc.INVALID_PARAMS, "Invalid params: unknown cursor", request_id=request_id)
-            start = int(cursor)
-        page = tasks[start : start + self._config.page_size]
-        result: dict[str, Any] = {"tasks": [task.legacy_view() for task in page]}
-        if start + len(page) < len(tasks):
-            result["nextCursor"] = str(start + len(page))
+    async def _list(self, caller: Caller, cursor: object, request_id: RequestId) -> dict[str, Any]:
+        """A page of the caller's tasks, from the task store (so records this process does not run count)."""
+        page = None
+        if cursor is None or isinstance(cursor, str):
+            with contextlib.suppress(InvalidCursor):
+                page = await self.registry.list_owned(caller.owner, cursor)
+        if page is None:
+            raise ProtocolError(jsonrpc.INVALID_PARAMS, "Invalid params: unknown cursor", request_id=request_id)
+        result: dict[str, Any] = {"tasks": [legacy_view(record) for record in page.records]}
+        if page.next_cursor is not None:
+            result["nextCursor"] = page.next_cursor
         return result
 
     async def cancel(self, task: Task, caller: Caller, request_id: RequestId) -> None:

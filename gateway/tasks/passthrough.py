@@ -44,10 +44,9 @@ from gateway.config import TasksConfig
 from gateway.events.capture import RELATED_TASK_KEY
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.hosted import (
-    TASKS_EXTENSION,
     method_of,
     summarize_answer,
     summarize_request,
@@ -55,7 +54,9 @@ from gateway.tasks.hosted import (
     wait_any,
 )
 from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
-from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry, TaskStatus
+from gateway.tasks.records import TaskStatus, UpstreamTaskRef
+from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry
+from gateway.tasks.store import TaskExists
 from gateway.upstream.base import Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.passthrough")
@@ -351,24 +352,27 @@ class Passthrough:
         params = jsonrpc.params_of(request)
         ttl = view.get("ttl" if era is Era.LEGACY else "ttlMs")
         poll = view.get("pollInterval" if era is Era.LEGACY else "pollIntervalMs")
+        upstream_id = view["taskId"][len(prefix) :]
+        created_at = view.get("createdAt")
         try:
             task = await self.registry.create(
                 owner,
                 str(params.get("name")),
                 ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
+                dialect=era.value,
                 task_id=view["taskId"],
                 poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
-                era=era.value,
+                # The record tells the upstream's times, as it would.
+                created_at=created_at if isinstance(created_at, str) else None,
+                upstream=UpstreamTaskRef(upstream_id, channel.tag),
                 hostedBy="upstream",
             )
-        except TaskLimitReached as exc:
+        except (TaskLimitReached, TaskExists) as exc:
             log.warning("not capturing an upstream task: %s", exc)
             return None
         token = jsonrpc.meta_of(request).get("progressToken")
-        ref = UpstreamTask(channel, view["taskId"][len(prefix) :], era, dict(headers), task.poll_interval_ms, token)
+        ref = UpstreamTask(channel, upstream_id, era, dict(headers), task.poll_interval_ms, token)
         task.upstream = ref
-        if isinstance(view.get("createdAt"), str):  # the record tells the upstream's times, as it would
-            task.created_at = task.last_updated_at = view["createdAt"]
         capture = self.registry.capture
         notes = [event for message in earlier if "id" not in message and (event := capture.from_notification(message))]
         if notes:

@@ -17,9 +17,8 @@ import logging
 from collections.abc import Callable
 
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION
 from gateway.protocol.jsonrpc import Message
-from gateway.tasks.hosted import TASKS_EXTENSION
 from gateway.upstream.base import Exchange, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.pushes")

@@ -1,12 +1,17 @@
-"""The task registry: every task the gateway knows, its owner, status and outcome, and its lifetime.
+"""The task registry: the tasks this process runs or watches, their records, and their lifetime.
 
+A task's record (`TaskRecord`: owner, status, times, outcome summary) lives in a `TaskStore`; the
+registry writes every change through it and keeps, per task, only what this process needs to drive
+it (`Task`: the record as last written here, asyncio primitives, pending input, the upstream call).
 A task belongs to the caller that created it (`owner`), never to a transport session, so any later
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
-that it exists. Status changes go through `set_status`, which records the lifecycle event in the
-task's log before anyone can observe the new status, and keeps a terminal outcome within
-`[retention] max_result_bytes`. All kept outcomes together stay within `results_budget_bytes`: the
+that it exists. Status changes go through `set_status`: it writes the lifecycle events in one log
+call (sealing the log when the status is terminal), then the status by compare-and-set on the store,
+so no reader sees the new status without its events; a terminal outcome is kept within `[retention]
+max_result_bytes`. All outcomes this process kept together stay within `results_budget_bytes`: the
 oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
-runs out; their event logs `terminal_retention_s` after they end (whichever comes first).
+runs out; their event logs `terminal_retention_s` after they end (whichever comes first), leaving the
+log's tombstone. The log trims itself per task (count and age).
 """
 
 from __future__ import annotations
@@ -14,23 +19,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
-from gateway.events.log import EventLog, LogBounds
+from gateway.events.log import EventLog, LogBounds, LogSealed
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
+from gateway.tasks.store import TaskPage, TaskStore
 
 log = logging.getLogger("gateway.tasks")
 
@@ -38,25 +43,15 @@ RESULT_TOO_LARGE = "result_too_large"
 """`data.reason` of the error kept instead of a result larger than `[retention] max_result_bytes`."""
 RESULT_EVICTED = "result_evicted"
 """`data.reason` of the error kept instead of a result evicted to stay within `results_budget_bytes`."""
+OUTCOME_OVERHEAD_BYTES = 1024
+"""What a kept outcome may add to `max_result_bytes`: the `{"result": …}` wrapper, or the error kept
+instead of a result too large or evicted."""
+SUMMARY_LIMIT_BYTES = 1024
+"""The largest outcome summary a record keeps (bytes of JSON): a record lives as long as its task, and
+a summary grows with the result's content blocks and error message."""
 
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
-
-
-class TaskStatus(enum.StrEnum):
-    WORKING = "working"
-    INPUT_REQUIRED = "input_required"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
-
-
-def iso_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 StatusListener = Callable[["Task"], Awaitable[None]]
@@ -112,24 +107,16 @@ class InputRound:
 
 @dataclass(eq=False)
 class Task:
-    id: str
-    owner: str
-    tool: str
-    ttl_ms: int
-    poll_interval_ms: int
-    status: TaskStatus = TaskStatus.WORKING
-    status_message: str | None = None
-    created_at: str = field(default_factory=iso_now)
-    last_updated_at: str = ""
+    """This process's handle on a task it runs or watches: the record as last written here (through
+    the registry, the only writer), and the runtime that drives the task."""
+
+    record: TaskRecord
     kept_outcome: bytes | None = None
-    """Once terminal, the upstream's final answer for the call as the JSON `{"result": …}` or
-    `{"error": …}`: kept encoded, so what the results budget counts is what it costs."""
-    expires_at: float = 0.0
+    """Once terminal, the outcome as this process stored it (the upstream's final answer for the call
+    as the JSON `{"result": …}` or `{"error": …}`, the same bytes the store keeps)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel: Callable[[], Awaitable[None]] | None = None
     on_status: StatusListener | None = None
-    deleted_log_next_seq: int = 0
-    log_deleted: bool = False
     open_streams: int = 0
     on_input: InputListener | None = None
     pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
@@ -143,11 +130,45 @@ class Task:
     input_keys: set[str] = field(default_factory=set)
     """Modern: every input key the task has shown a client, so a later round never reuses one."""
     upstream: Any = None
-    """For a task the upstream hosts: what the gateway knows of it there (a `passthrough.UpstreamTask`)."""
+    """For a task the upstream hosts: the pass-through watcher's state (a `passthrough.UpstreamTask`:
+    its conversation, what was last observed); the record's `upstream` says where it lives."""
 
-    def __post_init__(self) -> None:
-        self.last_updated_at = self.last_updated_at or self.created_at
-        self.expires_at = time.monotonic() + self.ttl_ms / 1000
+    # Read-only views of the record: a change is a new record, written through the registry.
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def owner(self) -> str:
+        return self.record.owner
+
+    @property
+    def tool(self) -> str:
+        return self.record.tool
+
+    @property
+    def ttl_ms(self) -> int:
+        return self.record.ttl_ms
+
+    @property
+    def poll_interval_ms(self) -> int:
+        return self.record.poll_interval_ms
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.record.status
+
+    @property
+    def status_message(self) -> str | None:
+        return self.record.status_message
+
+    @property
+    def created_at(self) -> str:
+        return self.record.created_at
+
+    @property
+    def last_updated_at(self) -> str:
+        return self.record.last_updated_at
 
     @property
     def terminal(self) -> bool:
@@ -167,31 +188,11 @@ class Task:
 
     def legacy_view(self) -> dict[str, Any]:
         """The 2025-11-25 (SEP-1686) Task object."""
-        view: dict[str, Any] = {
-            "taskId": self.id,
-            "status": self.status.value,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": self.last_updated_at,
-            "ttl": self.ttl_ms,
-            "pollInterval": self.poll_interval_ms,
-        }
-        if self.status_message is not None:
-            view["statusMessage"] = self.status_message
-        return view
+        return legacy_view(self.record)
 
     def modern_task(self) -> dict[str, Any]:
         """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
-        task: dict[str, Any] = {
-            "taskId": self.id,
-            "status": self.status.value,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": self.last_updated_at,
-            "ttlMs": self.ttl_ms,
-            "pollIntervalMs": self.poll_interval_ms,
-        }
-        if self.status_message is not None:
-            task["statusMessage"] = self.status_message
-        return task
+        return modern_task(self.record)
 
     def modern_view(self) -> dict[str, Any]:
         """The 2026-07-28 (SEP-2663) DetailedTask: the Task, with `inputRequests` while input_required (the
@@ -208,6 +209,36 @@ class Task:
         return view
 
 
+def legacy_view(record: TaskRecord) -> dict[str, Any]:
+    """The 2025-11-25 (SEP-1686) Task object."""
+    view: dict[str, Any] = {
+        "taskId": record.id,
+        "status": record.status.value,
+        "createdAt": record.created_at,
+        "lastUpdatedAt": record.last_updated_at,
+        "ttl": record.ttl_ms,
+        "pollInterval": record.poll_interval_ms,
+    }
+    if record.status_message is not None:
+        view["statusMessage"] = record.status_message
+    return view
+
+
+def modern_task(record: TaskRecord) -> dict[str, Any]:
+    """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
+    task: dict[str, Any] = {
+        "taskId": record.id,
+        "status": record.status.value,
+        "createdAt": record.created_at,
+        "lastUpdatedAt": record.last_updated_at,
+        "ttlMs": record.ttl_ms,
+        "pollIntervalMs": record.poll_interval_ms,
+    }
+    if record.status_message is not None:
+        task["statusMessage"] = record.status_message
+    return task
+
+
 class TaskLimitReached(Exception):
     """No task can be created: the caller holds `max_tasks_per_owner`, or (`total`) the gateway holds
     `max_tasks_total`."""
@@ -222,6 +253,7 @@ class TaskRegistry:
         self,
         config: TasksConfig,
         retention: RetentionConfig,
+        store: TaskStore,
         event_log: EventLog,
         capture: Capture,
         metrics: Metrics,
@@ -232,9 +264,11 @@ class TaskRegistry:
         self._metrics = metrics
         self._record_events = record_events
         self._retention = retention
+        self.store = store
         self.log = event_log
         self.capture = capture
         self._tasks: dict[str, Task] = {}
+        """The tasks this process runs or watches, by id."""
         self._per_owner: collections.Counter[str] = collections.Counter()
         self._log_expiry: dict[str, float] = {}
         self._kept: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -252,22 +286,39 @@ class TaskRegistry:
         tool: str,
         requested_ttl_ms: object,
         *,
+        dialect: str,
         task_id: str | None = None,
         poll_interval_ms: int | None = None,
+        created_at: str | None = None,
+        upstream: UpstreamTaskRef | None = None,
         **created: Any,
     ) -> Task:
-        """A new task (id minted here unless the upstream's namespaced `task_id` is given) and its log."""
+        """A new task in `dialect` (an era's protocol version; id minted here unless the upstream's
+        namespaced `task_id` is given, times now unless the upstream's `created_at`), and its log."""
         self.check_room(owner)
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
             ttl = min(requested_ttl_ms, self._config.max_ttl_ms)
-        task = Task(
-            task_id or secrets.token_hex(16), owner, tool, ttl, poll_interval_ms or self._config.poll_interval_ms
+        created_at = created_at or iso_now()
+        record = TaskRecord(
+            id=task_id or secrets.token_hex(16),
+            owner=owner,
+            tool=tool,
+            dialect=dialect,
+            ttl_ms=ttl,
+            poll_interval_ms=poll_interval_ms or self._config.poll_interval_ms,
+            created_at=created_at,
+            last_updated_at=created_at,
+            expires_at=time.time() + ttl / 1000,
+            upstream=upstream,
         )
+        await self.store.create(record)
+        task = Task(record)
         self._tasks[task.id] = task
         self._per_owner[owner] += 1
         await self.log.create(task.id)
-        await self.record(task, self.capture.lifecycle("task.created", tool=tool, status=task.status.value, **created))
+        lifecycle = self.capture.lifecycle("task.created", tool=tool, status=task.status.value, era=dialect, **created)
+        await self.record(task, lifecycle)
         return task
 
     def check_room(self, owner: str) -> None:
@@ -286,19 +337,28 @@ class TaskRegistry:
         """Any caller's task: only for the gateway's own bookkeeping, never to answer a client."""
         return self._tasks.get(task_id) if isinstance(task_id, str) else None
 
+    async def list_owned(self, owner: str, cursor: str | None) -> TaskPage:
+        """A page of the caller's task records from the store (InvalidCursor for a cursor it never gave)."""
+        return await self.store.list_owned(owner, cursor, self._config.page_size)
+
     async def bounds(self, task: Task) -> LogBounds:
-        """The task's log bounds; after retention deleted the log, empty but still counting."""
+        """The task's log bounds; after retention deleted the log, its tombstone's (empty, still counting)."""
         bounds = await self.log.bounds(task.id)
-        return bounds if bounds is not None else LogBounds(None, task.deleted_log_next_seq)
+        return bounds if bounds is not None else LogBounds(None, 0, sealed=True)  # the store was closed
 
-    def owned_by(self, owner: str) -> list[Task]:
-        return [task for task in self._tasks.values() if task.owner == owner]
-
-    async def record(self, task: Task, *events: TaskEvent) -> None:
-        # With [events] enabled = false nothing is kept; and a deleted log must not restart at seq 0.
-        if not self._record_events or task.log_deleted:
+    async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
+        """Append `events` to the task's log; dropped once the log is sealed (the task ended: the stream
+        is over) or deleted, unless an `epilogue` (the gateway's note on an ended task's kept result)."""
+        if not self._record_events:  # [events] enabled = false: nothing is kept
             return
-        await self.log.append(task.id, [self.capture.encode(event) for event in events])
+        try:
+            await self._append(task, [self.capture.encode(event) for event in events], epilogue=epilogue)
+        except LogSealed:
+            log.debug("event not recorded: the task's log is sealed", extra={"task": task.id})
+
+    async def _append(self, task: Task, bodies: list[bytes], *, seal: bool = False, epilogue: bool = False) -> None:
+        first = await self.log.append(task.id, bodies, seal=seal, epilogue=epilogue)
+        await self.store.advance_next_seq(task.id, first + len(bodies))
 
     async def set_status(
         self,
@@ -310,56 +370,75 @@ class TaskRegistry:
         updated_at: str | None = None,
     ) -> bool:
         """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
-        False when it is already terminal (terminal states never change). A terminal `outcome` is kept
-        within `max_result_bytes` and, evicting the oldest kept outcomes, `results_budget_bytes`."""
+        False when it is already terminal (terminal states never change) or another writer changed it
+        first. A terminal `outcome` is kept within `max_result_bytes` and, evicting the oldest kept
+        outcomes, `results_budget_bytes`."""
         if task.terminal:
             return False
-        task.status = status
-        task.status_message = message
-        task.last_updated_at = updated_at or iso_now()
+        kept, encoded = None, None
+        if status.terminal and outcome is not None:
+            kept, encoded = bounded(outcome, self._retention.max_result_bytes)
+        summary = summarize(status, kept) if status.terminal else None
         detail = {"statusMessage": message} if message is not None else {}
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        if summary is not None:
+            events.append(self.capture.lifecycle("task.terminal", **summary))
+        # The events (and, once terminal, the seal) in one log call, before the status changes: no
+        # reader sees the new status without its events, or the stream's end without the last event.
+        bodies = [self.capture.encode(event) for event in events] if self._record_events else []
+        with contextlib.suppress(LogSealed):  # retention deleted the log: the record still changes
+            await self._append(task, bodies, seal=status.terminal)
+        record = await self.store.update_status(
+            task.id,
+            task.status,
+            status,
+            message,
+            updated_at or iso_now(),
+            outcome=encoded,
+            outcome_summary=summary if summary is None else bounded_summary(summary),
+        )
+        if record is None:
+            return False  # another writer changed the status first
+        task.record = record
         evicted: list[tuple[Task, int]] = []
-        if status.terminal:
+        if summary is not None:  # terminal
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
-            kept, evicted = self._keep(task, outcome)
+            if encoded is not None:
+                if kept is not outcome:
+                    self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
+                task.kept_outcome = encoded
+                evicted = await self._keep(task, len(encoded))
             task.settle_input()
-            events.append(self.capture.lifecycle("task.terminal", **summarize(status, kept)))
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
-        # Status first, then the events: a stream that wakes on the append already sees it terminal.
-        await self.record(task, *events)
-        if status.terminal:
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
         budget = self._retention.results_budget_bytes
         for victim, size in evicted:
-            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget))
+            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget), epilogue=True)
         return True
 
-    def _keep(self, task: Task, outcome: Message | None) -> tuple[Message | None, list[tuple[Task, int]]]:
-        """Keep `task`'s outcome (within `max_result_bytes`), first evicting the oldest kept outcomes
-        until it fits the budget; what is kept, and the tasks evicted with the bytes each gave up. No
-        await: the budget's bookkeeping is never seen half done."""
-        if outcome is None:
-            return None, []
-        kept, task.kept_outcome = bounded(outcome, self._retention.max_result_bytes)
-        if kept is not outcome:
-            self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
-        size = len(task.kept_outcome)
+    async def _keep(self, task: Task, size: int) -> list[tuple[Task, int]]:
+        """Count `task`'s kept outcome (`size` bytes) against the budget, first evicting the oldest
+        kept outcomes until it fits; the tasks evicted, with the bytes each gave up. The budget's
+        bookkeeping is done before the first await, so it is never seen half done."""
         budget = self._retention.results_budget_bytes
         evicted: list[tuple[Task, int]] = []
+        replaced: list[tuple[str, bytes]] = []
         while self._kept and self.kept_bytes + size > budget:
             victim_id, victim_size = self._kept.popitem(last=False)
             self.kept_bytes -= victim_size
             victim = self._tasks[victim_id]  # expiry forgets a task's kept outcome with the task
             victim.kept_outcome = orjson.dumps(evicted_outcome(victim_size, budget))
             evicted.append((victim, victim_size))
+            replaced.append((victim_id, victim.kept_outcome))
             self._metrics.results_dropped.labels(reason=RESULT_EVICTED).inc()
         self._kept[task.id] = size
         self.kept_bytes += size
         self._metrics.kept_result_bytes.set(self.kept_bytes)
-        return kept, evicted
+        for victim_id, outcome in replaced:
+            await self.store.replace_outcome(victim_id, outcome)
+        return evicted
 
     def _forget_outcome(self, task_id: str) -> None:
         size = self._kept.pop(task_id, None)
@@ -377,30 +456,21 @@ class TaskRegistry:
 
     async def sweep_once(self) -> None:
         now = time.monotonic()
-        await self.log.trim_older_than(time.time() - self._retention.max_event_age_s)
         for task_id, at in list(self._log_expiry.items()):
             if at <= now:
                 del self._log_expiry[task_id]
-                await self._delete_log(task_id)
-        for task in [task for task in self._tasks.values() if task.expires_at <= now]:
-            del self._tasks[task.id]
-            self._per_owner[task.owner] -= 1
-            self._log_expiry.pop(task.id, None)
-            self._forget_outcome(task.id)
-            task.log_deleted = True
-            task.settle_input()
-            if task.cancel is not None and not task.terminal:
-                await task.cancel()
-            await self.log.delete(task.id)
-            log.info("task expired", extra={"task": task.id})
-
-    async def _delete_log(self, task_id: str) -> None:
-        task = self._tasks.get(task_id)
-        bounds = await self.log.bounds(task_id)
-        if task is not None:
-            task.log_deleted = True
-            task.deleted_log_next_seq = bounds.next_seq if bounds is not None else 0
-        await self.log.delete(task_id)
+                await self.log.delete(task_id)
+        for record in await self.store.expire(time.time()):
+            self._per_owner[record.owner] -= 1
+            self._log_expiry.pop(record.id, None)
+            self._forget_outcome(record.id)
+            task = self._tasks.pop(record.id, None)
+            if task is not None:
+                task.settle_input()
+                if task.cancel is not None and not task.terminal:
+                    await task.cancel()
+            await self.log.delete(record.id)
+            log.info("task expired", extra={"task": record.id})
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -423,6 +493,11 @@ def bounded(outcome: Message, limit: int) -> tuple[Message, bytes]:
     return kept, orjson.dumps(kept)
 
 
+def outcome_cap(retention: RetentionConfig) -> int:
+    """The largest outcome a `TaskStore` must keep: what `bounded` can produce at most."""
+    return retention.max_result_bytes + OUTCOME_OVERHEAD_BYTES
+
+
 def evicted_outcome(size: int, budget: int) -> Message:
     """The error kept instead of a result evicted to make room for newer ones (`data.reason` "result_evicted")."""
     text = (
@@ -431,6 +506,15 @@ def evicted_outcome(size: int, budget: int) -> Message:
     )
     data = {"reason": RESULT_EVICTED, "size": size, "budget": budget}
     return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
+
+
+def bounded_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of a terminal summary: all of it within `SUMMARY_LIMIT_BYTES` of JSON, else
+    its status and how large it was."""
+    size = len(orjson.dumps(summary))
+    if size <= SUMMARY_LIMIT_BYTES:
+        return summary
+    return {"status": summary["status"], "omitted": {"size": size, "limit": SUMMARY_LIMIT_BYTES}}
 
 
 def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:

@@ -26,10 +26,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.upstream.capabilities import Capabilities, Discovery
 
 UnsolicitedHandler = Callable[[Message, int], Awaitable[None]]
 """Gets a message not tied to a request and its size on the wire in bytes."""
@@ -334,6 +336,19 @@ class Upstream(ABC):
     def report_failure(self, cause: str) -> None:
         for listener in self._failure_listeners:
             listener(cause)
+
+    @functools.cached_property
+    def _discovery(self) -> Discovery:
+        return Discovery(self.stateless)
+
+    async def capabilities(self, timeout_s: float) -> Capabilities:
+        """What the upstream declares in 2026-07-28 (`server/discover`): asked once, within `timeout_s`,
+        however many requests need it at once, then cached (see `gateway.upstream.capabilities`)."""
+        return await self._discovery.get(timeout_s)
+
+    def learn_capabilities(self, discover_result: dict[str, Any]) -> None:
+        """The upstream answered a client's `server/discover`: what it declares now."""
+        self._discovery.learn(discover_result)
 
     @abstractmethod
     async def open_session(self) -> UpstreamChannel:

@@ -1,0 +1,89 @@
+"""`mcp-task-gateway conformance URL`: parse the kit's options, run the eras, print the table, write
+the JUnit and JSON reports; exit 0 only when no check failed (2 for bad options)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.conformance.checks import Target, run_era
+from gateway.conformance.registry import ERAS, Era, Result
+from gateway.conformance.report import as_json, counts, junit, table
+
+DEFAULT_TOOL = "slow_build"
+DEFAULT_ARGUMENTS: dict[str, Any] = {"steps": 6, "delay": 0.25}
+"""For examples/build_server.py: 1.5 s of work, 15 events; long enough that a 2026-07-28 gateway with
+its default 1 s `after_ms` makes it a task."""
+
+
+class UsageError(ValueError):
+    """A bad option; the message says which and why."""
+
+
+def parse_headers(values: Sequence[str], option: str) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for value in values:
+        name, colon, content = value.partition(":")
+        if not colon or not name.strip():
+            raise UsageError(f"{option} {value!r}: expected 'Name: value'")
+        headers[name.strip()] = content.strip()
+    return headers
+
+
+def parse_arguments(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return dict(DEFAULT_ARGUMENTS)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--args is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError("--args must be a JSON object")
+    return value
+
+
+async def run(target: Target, eras: Sequence[Era]) -> list[Result]:
+    """Every check of every era in `eras` against `target`, era after era."""
+    results: list[Result] = []
+    for era in eras:
+        results += await run_era(target, era)
+    return results
+
+
+def main(
+    url: str,
+    *,
+    era: str = "both",
+    tool: str | None = None,
+    args_json: str | None = None,
+    headers: Sequence[str] = (),
+    other_headers: Sequence[str] | None = None,
+    timeout: float = 30.0,
+    json_path: str | None = None,
+    junit_path: str | None = None,
+) -> int:
+    try:
+        target = Target(
+            url=url,
+            tool=tool or DEFAULT_TOOL,
+            arguments=parse_arguments(args_json) if tool is None or args_json is not None else {},
+            headers=parse_headers(headers, "--header"),
+            other_headers=None if other_headers is None else parse_headers(other_headers, "--other-header"),
+            timeout=timeout,
+        )
+    except UsageError as exc:
+        print(f"mcp-task-gateway conformance: {exc}", file=sys.stderr)
+        return 2
+    eras = [name for name in ERAS if era in ("both", name)]
+    print(f"SEP-2694 conformance of {url} (tool {target.tool!r})", flush=True)
+    results = asyncio.run(run(target, eras))
+    print(table(results))
+    if json_path:
+        Path(json_path).write_text(json.dumps(as_json(url, results), indent=1, ensure_ascii=False) + "\n")
+    if junit_path:
+        Path(junit_path).write_text(junit(url, results), encoding="utf-8")
+    return 1 if counts(results)["fail"] else 0

@@ -1,0 +1,428 @@
+"""The task service: what a client request means for tasks, decided once, returned as a plan.
+
+Given a parsed call (era, caller, message, headers, session) the service decides whether the gateway
+hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
+the upstream's cached `server/discover`) or passes the upstream's tasks through (ids mapped by the channel
+tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
+task method answered now, a forward with its relay hooks, a tasks/stream cursor, or a legacy tasks/result
+wait. It touches no HTTP; the edge carries the plan out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.config import ServerConfig, TasksConfig
+from gateway.events.stream import parse_stream_params, plan_stream
+from gateway.metrics import Metrics
+from gateway.protocol import jsonrpc
+from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
+from gateway.sessions import ResponseRoute, Session
+from gateway.tasks.hosted import (
+    LEGACY_TASK_METHODS,
+    LOG_LEVEL_KEY,
+    MODERN_TASK_METHODS,
+    HostedTasks,
+    UpstreamCall,
+    declares_tasks_extension,
+    input_required,
+    missing_extension,
+    unknown_task,
+)
+from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
+from gateway.tasks.plans import (
+    AwaitResult,
+    Forward,
+    Handoff,
+    Plan,
+    RelayHooks,
+    Reply,
+    StreamEvents,
+    TaskCall,
+    Transform,
+    route_answer,
+)
+from gateway.tasks.policy import Hosting, plan_tool_call
+from gateway.tasks.registry import PendingRequest, Task, TaskLimitReached
+from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+
+
+class TaskService:
+    def __init__(
+        self,
+        hosted: HostedTasks,
+        passthrough: Passthrough,
+        upstream: Upstream,
+        server: ServerConfig,
+        tasks: TasksConfig,
+        metrics: Metrics,
+        *,
+        events_enabled: bool,
+    ) -> None:
+        self._hosted = hosted
+        self._passthrough = passthrough
+        self._upstream = upstream
+        self._server = server
+        self._tasks = tasks
+        self._metrics = metrics
+        self._events_enabled = events_enabled
+        self.open_streams = 0
+        """tasks/stream requests open on this gateway, bounded by `max_streams_total`."""
+
+    # -- a legacy session's own messages ------------------------------------------------------------
+
+    def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
+        """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
+        with the gateway's task capability in it."""
+        capabilities = result.get("capabilities")
+        session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
+        if session.upstream_has_tasks:
+            session.channel.tap = self._passthrough.observe
+        return self._hosted.advertise_legacy(result, session.upstream_has_tasks)
+
+    async def client_notification(self, session: Session, message: Message, headers: Mapping[str, str]) -> None:
+        """A notifications/cancelled for a request the gateway serves itself stops it there; the rest go on."""
+        if message["method"] == "notifications/cancelled" and session.cancel_local(
+            jsonrpc.params_of(message).get("requestId")
+        ):
+            return
+        await session.channel.notify(message, headers)
+
+    async def client_response(self, session: Session, message: Message, headers: Mapping[str, str]) -> None:
+        """The client's response to a server-to-client request relayed on `session`."""
+        if not session.claim_response(message["id"]):
+            raise ProtocolError(
+                jsonrpc.INVALID_REQUEST,
+                f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
+            )
+        if session.upstream_has_tasks:
+            await self._passthrough.answered(session.channel, message)
+        await session.respond(message, headers)
+
+    # -- one classification per request ------------------------------------------------------------
+
+    async def plan(self, call: TaskCall) -> Plan:
+        """What to do with `call`; raises ProtocolError for a request that gets an error."""
+        hosting = await self._hosting(call)
+        if call.method == "tasks/stream":
+            return await self._stream(call)
+        if not hosting:
+            return await self._with_upstream_tasks(call)
+        if self._serves(call):
+            return await self._task_method(call)
+        if call.method == "tools/call":
+            planned = (
+                await self._legacy_tool_call(call, await call.channel())
+                if call.era is Era.LEGACY
+                else await self._modern_tool_call(call, await call.channel())
+            )
+            if planned is not None:
+                return planned
+        return self._forward(call, await call.channel(), self._transform_for(call, hosting))
+
+    async def _hosting(self, call: TaskCall) -> bool:
+        """Whether the gateway hosts Tasks for this call: the upstream does not."""
+        if call.session is not None:
+            return not call.session.upstream_has_tasks
+        return not (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
+
+    # -- tasks the upstream hosts ----------------------------------------------------------------
+
+    async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
+        """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
+        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
+        answer_route: ResponseRoute | None = None
+        if call.method in ROUTED_METHODS[call.era]:
+            task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
+            if task.terminal:
+                # Its record holds how it ended (the outcome too) and answers, exactly and even once
+                # the upstream conversation that held the task is gone.
+                return await self._task_method(call)
+            call = dataclasses.replace(call, message=message, headers=headers)
+            channel = task.upstream.channel if call.era is Era.LEGACY else await call.channel()
+            if call.session is not None and channel is not call.session.channel:
+                # A task of another session of this caller: answers to its requests go back to it.
+                answer_route = self._answering(channel)
+        else:
+            if call.method == "subscriptions/listen":
+                listen = self._passthrough.route_listen(call.caller.owner, call.message)
+                call = dataclasses.replace(call, message=listen)
+            channel = await call.channel()
+        channel.tap = self._passthrough.observe
+        params = jsonrpc.params_of(call.message)
+        if call.method == "tools/call" and (
+            "task" in params if call.era is Era.LEGACY else declares_tasks_extension(call.message)
+        ):
+            observed: list[Message] = []
+            return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
+        return self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
+
+    def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
+        async def answer(message: Message, headers: Mapping[str, str]) -> None:
+            await self._passthrough.answered(channel, message)
+            await channel.respond(message, headers)
+
+        return answer
+
+    def _learning(self, call: TaskCall, channel: UpstreamChannel, observed: list[Message]) -> Transform:
+        """Learn the task the upstream's answer creates (the answer itself passes unchanged)."""
+        session = call.session
+
+        async def learn(final: Message) -> Message:
+            # A legacy session's upstream channel must outlive the session while the task runs on it.
+            hold = session.task_ended if session is not None else None
+            task = await self._passthrough.adopt(
+                call.caller.owner, channel, call.era, call.message, final, observed, call.headers, hold
+            )
+            if task is not None and session is not None:
+                session.task_started()  # before the task's watcher can run, which releases it
+            return final
+
+        return learn
+
+    # -- forwarding ------------------------------------------------------------------------------
+
+    def _transform_for(self, call: TaskCall, hosting: bool) -> Transform | None:
+        """Responses the gateway adds its own capabilities to."""
+        hosted = self._hosted
+        if call.method == "server/discover":
+
+            async def discover(final: Message) -> Message:
+                result = final.get("result")
+                if not isinstance(result, dict):
+                    return final
+                self._upstream.learn_capabilities(result)
+                return {**final, "result": hosted.advertise_modern(result)}
+
+            return discover
+        if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
+
+            async def annotate(final: Message) -> Message:
+                result = final.get("result")
+                return {**final, "result": hosted.annotate_tools(result)} if isinstance(result, dict) else final
+
+            return annotate
+        return None
+
+    def _forward(
+        self,
+        call: TaskCall,
+        channel: UpstreamChannel,
+        transform: Transform | None,
+        *,
+        observed: list[Message] | None = None,
+        answer_route: ResponseRoute | None = None,
+    ) -> Forward:
+        if call.era is Era.MODERN:
+            transform = self._pinning(channel, transform)
+        hooks = RelayHooks(call.session, answer_route, transform, observed)
+        return Forward(channel, call.message, call.headers, hooks)
+
+    def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
+        """An input_required answer's retry must reach the channel that issued its requestState."""
+
+        async def pin(final: Message) -> Message:
+            result = final.get("result")
+            if isinstance(result, dict) and result.get("resultType") == "input_required":
+                state = result.get("requestState")
+                if isinstance(state, str):
+                    self._upstream.pin(state, channel)
+            return await transform(final) if transform is not None else final
+
+        return pin
+
+    # -- hosted task methods ---------------------------------------------------------------------
+
+    def _serves(self, call: TaskCall) -> bool:
+        """Task methods the gateway answers for an upstream without Tasks."""
+        methods = (
+            LEGACY_TASK_METHODS if call.era is Era.LEGACY else MODERN_TASK_METHODS | {"tasks/result", "tasks/list"}
+        )
+        return call.method in methods
+
+    async def _task_method(self, call: TaskCall) -> Plan:
+        if call.era is Era.MODERN:
+            if call.method not in MODERN_TASK_METHODS:
+                raise ProtocolError(
+                    jsonrpc.METHOD_NOT_FOUND,
+                    f"Method not found: {call.method} does not exist in the 2026-07-28 tasks extension",
+                    http_status=404,
+                    request_id=call.message["id"],
+                )
+            if not declares_tasks_extension(call.message):
+                raise missing_extension(call.message["id"])
+            return Reply(await self._hosted.modern_method(call.caller, call.message))
+        if call.method == "tasks/result":
+            task = self._hosted.legacy_task(call.caller, call.message)
+            assert call.session is not None
+            wait = AwaitResult(self._hosted, task, call.session, call.message["id"])
+            call.resources.callback(wait.close)
+            return wait
+        return Reply(await self._hosted.legacy_method(call.caller, call.message))
+
+    # -- tools/call as a task --------------------------------------------------------------------
+
+    async def _legacy_tool_call(self, call: TaskCall, channel: UpstreamChannel) -> Plan | None:
+        """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
+        if self._plan_tool_call(call) is None:
+            return None
+        self._hosted.check_room(call.caller, call.message)
+        session = call.session
+        assert session is not None
+        # The session's upstream channel must outlive the session while the task runs on it.
+        resources = call.keep_resources()
+        session.task_started()
+        resources.push_async_callback(session.task_ended)
+
+        async def notify_status(task: Task) -> None:
+            status = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.legacy_view()}
+            await session.deliver_unsolicited(status)
+
+        async def deliver_input(task: Task, pending: PendingRequest) -> None:
+            # No tasks/result is open for the task: the creating session's GET stream, if it has one.
+            stream = session.streams.standalone
+            if stream is None:
+                return
+            route_answer(self._hosted, session, task, pending)
+            pending.carried_by = lambda: session.streams.standalone is stream
+            await session.deliver_unsolicited(pending.request)
+
+        answer = await self._hosted.start_legacy(
+            call.caller, channel, call.message, resources, notify_status, deliver_input, call.headers
+        )
+        return Reply(answer)
+
+    async def _modern_tool_call(self, call: TaskCall, channel: UpstreamChannel) -> Plan | None:
+        """tools/call from a 2026-07-28 client: maybe a task, per the tool policy (see gateway.tasks.policy).
+        Until the plan's deadline the upstream's answer reaches the client as it is; an MRTR round
+        (`InputRequiredResult`) always does, so the task is made on the final round."""
+        hosting = self._plan_tool_call(call)
+        if hosting is None:
+            return None
+        if hosting.result_is_task:
+            self._hosted.check_room(call.caller, call.message)
+        meta = jsonrpc.meta_of(call.message)
+        client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
+        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        observed: list[Message] = []
+
+        async def adopt(observed: list[Message]) -> Task:
+            """The call's task, with the notifications relayed so far as its first events."""
+            task = await self._hosted.create(call.caller, call.message)
+            capture = self._hosted.registry.capture
+            events = [event for message in observed if (event := capture.from_notification(message)) is not None]
+            if events:
+                await self._hosted.registry.record(task, *events)
+            return task
+
+        async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
+            task = await adopt(observed)
+            self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
+            return self._hosted.modern_created(task, call.message["id"])
+
+        def room_for_task() -> bool:
+            try:
+                self._hosted.registry.check_room(call.caller.owner)
+            except TaskLimitReached:
+                return False
+            return True
+
+        async def result_as_task(final: Message) -> Message:
+            # Checked when the call came in; tasks made since may have filled the room: answer as is.
+            if "result" not in final or input_required(final) or not room_for_task():
+                return final
+            task = await adopt(observed)
+            await self._hosted.finish(task, call.caller, final)
+            return self._hosted.modern_created(task, call.message["id"])
+
+        def client_asked(message: Message) -> bool:
+            method = message.get("method")
+            return (method != "notifications/progress" or client_progress) and (
+                method != "notifications/message" or client_logs
+            )
+
+        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked, room_for_task)
+        hooks = RelayHooks(
+            transform=result_as_task if hosting.result_is_task else None, observed=observed, handoff=handoff
+        )
+        return Forward(channel, upstream.message, call.headers, hooks)
+
+    def _plan_tool_call(self, call: TaskCall) -> Hosting | None:
+        policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
+        return plan_tool_call(policy, call.message, call.era)
+
+    # -- tasks/stream ----------------------------------------------------------------------------
+
+    async def _stream(self, call: TaskCall) -> Plan:
+        request_id = call.message["id"]
+        if not self._events_enabled:
+            raise ProtocolError(
+                jsonrpc.METHOD_NOT_FOUND,
+                "Method not found: task event streams are disabled on this gateway",
+                http_status=404 if call.era is Era.MODERN else 200,
+                request_id=request_id,
+            )
+        if call.era is Era.MODERN and not declares_tasks_extension(call.message):
+            raise missing_extension(request_id)
+        registry = self._hosted.registry
+        try:
+            task_id, after = parse_stream_params(call.message)
+            task = registry.get(call.caller.owner, task_id)
+            if task is None:
+                raise unknown_task(request_id)
+            bounds = await registry.bounds(task)
+            start = plan_stream(task.id, after, bounds)
+        except ProtocolError as error:
+            error.request_id = request_id
+            raise
+        if start.first_seq is None:
+            return Reply({"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result})
+        if self.open_streams >= self._tasks.max_streams_total:
+            raise Overloaded(
+                "tasks.max_streams_total",
+                f"the gateway holds its maximum of {self._tasks.max_streams_total} tasks/stream requests",
+                "retry later, resuming with `after`; close streams you no longer read",
+                request_id=request_id,
+            )
+        if task.open_streams >= self._tasks.max_streams_per_task:
+            raise Overloaded(
+                "tasks.max_streams_per_task",
+                f"the task already has {task.open_streams} streams",
+                "retry later, resuming with `after`; close streams of this task you no longer read",
+                request_id=request_id,
+            )
+        session = call.session
+        if session is not None:
+            if session.has_task_stream(task.id):
+                raise ProtocolError(
+                    jsonrpc.INVALID_PARAMS,
+                    "Invalid params: a tasks/stream for this task is already active on this session; cancel it first",
+                    data={"reason": "stream_active", "taskId": task.id},
+                    request_id=request_id,
+                )
+            call.resources.enter_context(session.task_stream(task.id))
+            stop = call.resources.enter_context(session.local_request(request_id))
+        else:
+            stop = asyncio.Event()
+        self._hold_stream(call, task)
+        return StreamEvents(
+            registry.log, task.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+        )
+
+    def _hold_stream(self, call: TaskCall, task: Task) -> None:
+        """Count the stream against the limits until the request ends."""
+        task.open_streams += 1
+        self.open_streams += 1
+        self._metrics.task_streams.inc()
+
+        def release() -> None:
+            task.open_streams -= 1
+            self.open_streams -= 1
+            self._metrics.task_streams.dec()
+
+        call.resources.callback(release)
