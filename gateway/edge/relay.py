@@ -51,6 +51,7 @@ async def relay(
     started = time.perf_counter()
     pacer = WritePacer(settings.flush_interval_s)
     unattended = False
+    taken: list[Message] = []
     if observed is None and handoff is not None:
         observed = []  # what the handoff passes on to the task
     try:
@@ -59,6 +60,7 @@ async def relay(
             if handoff is not None:
                 wait = min(wait, max(0.0, handoff.deadline - time.monotonic()))
             batch = await exchange.next_batch(wait)
+            taken = batch or []  # out of the exchange and not yet recorded: an unattended relay gets it back
             if batch and not jsonrpc.is_final(batch[-1]) and (pause := pacer.pause()) > 0:
                 # Mid-burst: let the burst accumulate and write it once, instead of one small write
                 # (one syscall, one wake-up of the client) per notification.
@@ -67,16 +69,22 @@ async def relay(
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
-            if batch and observed is not None:
-                observed.extend(message for message in batch if not jsonrpc.is_final(message))
             if batch and jsonrpc.is_final(batch[-1]):
                 final = batch.pop()
+                taken = [final]  # the batch is recorded before `_send` first waits
+                if observed is not None:
+                    observed.extend(batch)
                 await _send(batch, responder, hooks)
                 metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
                 outcome = "error" if "error" in final else "ok"
                 metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
-                return await responder.finish(await transform(final) if transform else final, era)
+                answer = await transform(final) if transform else final
+                taken = []
+                return await responder.finish(answer, era)
             if batch:
+                taken = []
+                if observed is not None:
+                    observed.extend(batch)
                 await _send(batch, responder, hooks)
                 pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline and not handoff.possible():
@@ -92,6 +100,7 @@ async def relay(
         if hooks.session is not None and responder.resumable and (handoff is None or not handoff.taken):
             assert responder.replay is not None
             unattended = True
+            exchange.give_back(taken)
             # On its own, without the handoff; what it observes goes on into the same list.
             go_on = relay(
                 exchange,

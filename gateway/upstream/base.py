@@ -244,6 +244,13 @@ class Exchange:
                 return None if self._finished or self._detached else []
         return self._hand_out()
 
+    def give_back(self, messages: list[Message]) -> None:
+        """Put messages a consumer took but did not use back in front, in order, for the next consumer
+        (a relay that goes on without its client); they no longer count against the bound."""
+        if messages:
+            self._items.extendleft(reversed(messages))
+            self._readable.set()
+
     def more(self) -> list[Message]:
         """What arrived since the last batch, to be written with it: it counts until the next `next_batch`."""
         return self._hand_out()
