@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from gateway.config import ReadinessConfig, UpstreamConfig
 from gateway.metrics import Metrics
-from gateway.protocol.era import Era
+from gateway.protocol.era import LATEST_HANDSHAKE_VERSION
 from gateway.protocol.jsonrpc import Message
 from gateway.upstream.base import Upstream
 
@@ -38,7 +38,7 @@ PROBE_INITIALIZE: Message = {
     "id": "mcp-task-gateway-readiness",
     "method": "initialize",
     "params": {
-        "protocolVersion": Era.LEGACY.value,
+        "protocolVersion": LATEST_HANDSHAKE_VERSION,
         "capabilities": {},
         "clientInfo": {"name": "mcp-task-gateway-readiness", "version": "1"},
     },

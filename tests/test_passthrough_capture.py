@@ -17,6 +17,7 @@ from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
+from gateway.protocol.dialect import LEGACY
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.stores.memory import MemoryTaskStore
@@ -136,7 +137,7 @@ async def test_an_ended_legacy_task_turns_terminal_with_the_upstream_result_in_i
         await task.done.wait()
     # Exactly the upstream's answer to tasks/result, in the client's task id.
     assert task.outcome == {"result": {**result, "_meta": {RELATED: {"taskId": task.id}}}}
-    assert task.legacy_view() == {**legacy_task(task.id, "completed", "done", updated="T9"), "ttl": 60000}
+    assert LEGACY.task(task) == {**legacy_task(task.id, "completed", "done", updated="T9"), "ttl": 60000}
     kind, terminal = (await events(passthrough, task))[-1]
     assert (kind, terminal) == (
         "task.terminal",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.protocol.era import Era
-from gateway.tasks.passthrough import created_view, map_task_ids
+from gateway.protocol.dialect import LEGACY, MODERN
+from gateway.tasks.passthrough import map_task_ids
 
 RELATED = "io.modelcontextprotocol/related-task"
 
@@ -24,19 +24,19 @@ def test_legacy_create_task_result_is_mapped_and_recognised() -> None:
     task = {"taskId": "u1", "status": "working", "ttl": 1000, "createdAt": "a", "lastUpdatedAt": "a"}
     mapped = map_task_ids(response({"task": task}), "tools/call", to_client)
     assert mapped["result"]["task"] == {**task, "taskId": "t1.u1"}
-    assert created_view(mapped, Era.LEGACY) == {**task, "taskId": "t1.u1"}
-    assert created_view(mapped, Era.MODERN) is None
+    assert LEGACY.created_task(mapped) == {**task, "taskId": "t1.u1"}
+    assert MODERN.created_task(mapped) is None
 
 
 def test_modern_create_task_result_is_flat_and_needs_result_type() -> None:
     flat = {"resultType": "task", "taskId": "u2", "status": "working"}
     mapped = map_task_ids(response(flat), "tools/call", to_client)
     assert mapped["result"]["taskId"] == "t1.u2"
-    assert created_view(mapped, Era.MODERN) == mapped["result"]
+    assert MODERN.created_task(mapped) == mapped["result"]
     # A plain tool result that happens to carry a taskId field is neither mapped nor a task.
     plain = response({"resultType": "complete", "taskId": "u2", "content": []})
     assert map_task_ids(plain, "tools/call", to_client) is plain
-    assert created_view(plain, Era.MODERN) is None
+    assert MODERN.created_task(plain) is None
 
 
 def test_task_method_answers_are_mapped() -> None:

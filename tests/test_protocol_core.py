@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gateway.edge import checks
 from gateway.events.stream import recorded_at
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import LEGACY, MODERN
 from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value
 from gateway.protocol.era import Era
 from gateway.protocol.fields import check_fields
@@ -122,7 +123,7 @@ def test_error_status_differs_by_era() -> None:
     assert Era.MODERN.status_for_response(not_found) == 404
     assert Era.MODERN.status_for_response(jsonrpc.error_response(1, jsonrpc.HEADER_MISMATCH, "x")) == 400
     assert Era.MODERN.status_for_response({"jsonrpc": "2.0", "id": 1, "result": {}}) == 200
-    assert Era.LEGACY.empty_result == {} and Era.MODERN.empty_result == {"resultType": "complete"}
+    assert LEGACY.empty_result == {} and MODERN.empty_result == {"resultType": "complete"}
 
 
 def _call(name: str = "echo", meta: dict[str, object] | None = None) -> jsonrpc.Message:

@@ -35,12 +35,13 @@ from gateway.edge.task_routes import stream_events
 from gateway.events.capture import RELATED_TASK_KEY, Capture
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import LEGACY, MODERN, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
 from gateway.replay import SessionStreams
 from gateway.sessions import Session
 from gateway.sse import SseParser
-from gateway.tasks.hosted import HostedTasks, declares_tasks_extension
+from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
 from gateway.tasks.registry import Task, TaskRegistry
@@ -346,7 +347,7 @@ async def test_a_task_call_makes_a_task_on_the_side_that_hosts_it(gateway: Gatew
         created = plan.message["result"]["task"]
         task = gateway.registry.find(created["taskId"])
         assert task is not None and HOSTED_ID.match(task.id) and task.owner == "anonymous"
-        assert plan.message == answer(message, {"task": task.legacy_view()})
+        assert plan.message == answer(message, {"task": LEGACY.task(task)})
         assert (created["status"], created["ttl"]) == ("working", 60000)
         assert gateway.upstream.forwarded() == [{**message, "params": {**upstream_params, "_meta": token}}]
     elif hosted_by_gateway(gateway):
@@ -357,7 +358,7 @@ async def test_a_task_call_makes_a_task_on_the_side_that_hosts_it(gateway: Gatew
         final = await gateway.forward(plan)
         task = gateway.registry.find(final["result"]["taskId"])
         assert task is not None and HOSTED_ID.match(task.id) and call.resources_kept
-        assert final == answer(message, {"resultType": "task", **task.modern_task()})
+        assert final == answer(message, {"resultType": "task", **MODERN.task(task)})
         assert task.ttl_ms == gateway.config.tasks.default_ttl_ms
         assert gateway.upstream.forwarded() == [plan.message]
     else:
@@ -381,7 +382,9 @@ async def test_tasks_get(gateway: Gateway) -> None:
     _, plan = await gateway.plan(message)
     if hosted_by_gateway(gateway):
         assert isinstance(plan, Reply)
-        view = task.legacy_view() if gateway.era is Era.LEGACY else {"resultType": "complete", **task.modern_view()}
+        view = (
+            LEGACY.task(task) if gateway.era is Era.LEGACY else {"resultType": "complete", **MODERN.detailed_task(task)}
+        )
         assert plan.message == answer(message, view) and view["status"] == "working"
         assert gateway.upstream.forwarded() == before
         return
@@ -427,7 +430,7 @@ async def test_tasks_cancel(gateway: Gateway) -> None:
     if hosted_by_gateway(gateway):
         assert isinstance(plan, Reply)
         assert (task.status, task.status_message) == ("cancelled", "cancelled by the client")
-        view = task.legacy_view() if gateway.era is Era.LEGACY else {"resultType": "complete"}
+        view = LEGACY.task(task) if gateway.era is Era.LEGACY else {"resultType": "complete"}
         assert plan.message == answer(message, view)
         assert gateway.upstream.forwarded() == before
         return
@@ -468,7 +471,7 @@ async def test_tasks_list(gateway: Gateway) -> None:
         return
     plan = await gateway.service.plan(call)
     if hosted_by_gateway(gateway):
-        assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [task.legacy_view()]})
+        assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [LEGACY.task(task)]})
         assert gateway.upstream.forwarded() == before
         return
     assert isinstance(plan, Forward) and plan.message == message
@@ -500,7 +503,7 @@ async def test_tasks_stream(gateway: Gateway) -> None:
     assert gateway.service.open_streams == 0 and task.open_streams == 0
     if gateway.session is not None:
         assert not gateway.session.has_task_stream(task.id)
-    assert recorder.messages == [answer(message, gateway.era.empty_result)]
+    assert recorder.messages == [answer(message, dict(dialect_of(gateway.era).empty_result))]
     events = recorder.events()
     assert [event["seq"] for event in events] == list(range(len(events)))
     prefix = gateway.config.events.prefix + "."

@@ -11,6 +11,7 @@ from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
+from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import Era
 from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import related_outcome
@@ -96,7 +97,7 @@ async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
     }
     assert task.status is TaskStatus.COMPLETED
     assert related_outcome(task, 7) == {"jsonrpc": "2.0", "id": 7, "error": error}  # what tasks/result answers
-    view = task.modern_view()
+    view = MODERN.detailed_task(task)
     assert view["status"] == "completed" and view["error"] == error and "result" not in view
     events = await tasks.log.read(task.id, -1, 10)
     assert b"exceeded the gateway's cap of 100 bytes" in events[-1].body  # the terminal event says so too
@@ -136,7 +137,7 @@ async def test_the_results_budget_evicts_the_oldest_kept_results_first_and_logs_
         "data": {"reason": "result_evicted", "size": size, "budget": 3 * size},
     }
     assert related_outcome(first, 3) == {"jsonrpc": "2.0", "id": 3, "error": error}  # what tasks/result answers
-    view = first.modern_view()
+    view = MODERN.detailed_task(first)
     assert view["status"] == "completed" and view["error"] == error and "result" not in view
     events = await tasks.log.read(first.id, -1, 10)
     assert [orjson.loads(b"{" + event.body + b"}") for event in events[3:]] == [

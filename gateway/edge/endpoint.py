@@ -96,6 +96,7 @@ class McpEndpoint:
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
             if request.method == "POST":
                 return await self._post(request, era)
+            # 2026-07-28 has no sessions, so no GET stream and no DELETE.
             if era is Era.MODERN or request.method not in ("GET", "DELETE"):
                 raise ProtocolError(
                     jsonrpc.INVALID_REQUEST,
@@ -125,9 +126,10 @@ class McpEndpoint:
         if kind is not Kind.RESPONSE:
             check_fields(message)
         headers = forwardable_headers(request.headers)
+        # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
         if era is Era.LEGACY:
-            return await self._legacy_post(request, message, kind, headers)
-        return await self._modern_post(request, message, kind, headers)
+            return await self._legacy_post(request, era, message, kind, headers)
+        return await self._modern_post(request, era, message, kind, headers)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._config.max_body_bytes
@@ -144,10 +146,10 @@ class McpEndpoint:
         return bytes(body)
 
     async def _legacy_post(
-        self, request: web.Request, message: Message, kind: Kind, headers: dict[str, str]
+        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
     ) -> web.StreamResponse:
         if kind is Kind.REQUEST and message["method"] == "initialize":
-            return await self._initialize(request, message, headers)
+            return await self._initialize(request, era, message, headers)
         session = await self._session_for(request)
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
             session.engaged = True
@@ -164,9 +166,11 @@ class McpEndpoint:
             return session.channel
 
         with session.serving():
-            return await self._dispatch(request, TaskCall(message, Era.LEGACY, headers, session, session_channel))
+            return await self._dispatch(request, TaskCall(message, era, headers, session, session_channel))
 
-    async def _initialize(self, request: web.Request, message: Message, headers: dict[str, str]) -> web.StreamResponse:
+    async def _initialize(
+        self, request: web.Request, era: Era, message: Message, headers: dict[str, str]
+    ) -> web.StreamResponse:
         try:
             session = await self._sessions.create()
         except Overloaded as error:
@@ -202,12 +206,12 @@ class McpEndpoint:
         try:
             if messages:
                 await responder.send(messages)
-            return await responder.finish(final, Era.LEGACY)
+            return await responder.finish(final, era)
         finally:
             responder.close()
 
     async def _modern_post(
-        self, request: web.Request, message: Message, kind: Kind, headers: dict[str, str]
+        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
     ) -> web.StreamResponse:
         if kind is Kind.RESPONSE:
             raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: 2026-07-28 clients do not send responses")
@@ -237,7 +241,7 @@ class McpEndpoint:
                 leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
             return leased[0]
 
-        call = TaskCall(message, Era.MODERN, headers, None, lease)
+        call = TaskCall(message, era, headers, None, lease)
         return await self._dispatch(request, call)
 
     # -- carrying out the service's plan -----------------------------------------------------------

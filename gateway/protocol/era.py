@@ -48,7 +48,3 @@ class Era(enum.Enum):
         if self is Era.LEGACY or not isinstance(error, dict):
             return 200
         return _MODERN_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
-
-    @property
-    def empty_result(self) -> dict[str, str]:
-        return {} if self is Era.LEGACY else {"resultType": "complete"}

@@ -42,32 +42,22 @@ from cachetools import TTLCache
 
 from gateway.config import TasksConfig
 from gateway.events.capture import RELATED_TASK_KEY
+from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
+from gateway.protocol.dialect import Dialect, dialect_of, unknown_task
+from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.tasks.hosted import (
-    method_of,
-    summarize_answer,
-    summarize_request,
-    unknown_task,
-    wait_any,
-)
 from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import TaskExists
 from gateway.upstream.base import Upstream, UpstreamChannel
+from gateway.waiting import wait_any
 
 log = logging.getLogger("gateway.tasks.passthrough")
 
 STATUS_PUSHES = frozenset({"notifications/tasks/status", "notifications/tasks"})
-ROUTED_METHODS = {
-    Era.LEGACY: frozenset({"tasks/get", "tasks/result", "tasks/cancel"}),
-    Era.MODERN: frozenset({"tasks/get", "tasks/update", "tasks/cancel"}),
-}
-"""The client's requests that name one task: answered by the upstream conversation that holds it, until
-the task ended (then by its record)."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
 ASK_ID_PREFIX = "mcp-task-gateway-"
 """The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
@@ -108,16 +98,9 @@ class UpstreamTask:
     listening: bool = False
     """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
 
-
-def created_view(final: Message, era: Era) -> dict[str, Any] | None:
-    """The Task a tools/call answer creates, if it is a CreateTaskResult of the era's dialect."""
-    result = final.get("result")
-    if not isinstance(result, dict):
-        return None
-    view = result.get("task") if era is Era.LEGACY else result
-    if era is Era.MODERN and result.get("resultType") != "task":
-        return None
-    return view if isinstance(view, dict) and isinstance(view.get("taskId"), str) else None
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_of(self.era)
 
 
 def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
@@ -262,15 +245,19 @@ class Passthrough:
             if updated < ref.last_updated_at:
                 return  # an older view than one already observed (a poll crossed a push)
             ref.last_updated_at = updated
-        interval = view.get("pollInterval" if ref.era is Era.LEGACY else "pollIntervalMs")
+        interval = view.get(ref.dialect.poll_key)
         if isinstance(interval, int) and interval > 0:
             ref.poll_interval_ms = interval
         text = view.get("statusMessage")
         seen = (status, text if isinstance(text, str) else None)
         if seen != ref.seen and not task.terminal and not ref.ending:
             ref.seen = seen
-            outcome = inlined_outcome(view) if ref.era is Era.MODERN else None
-            if status.terminal and outcome is None and (ref.era is Era.LEGACY or status is not TaskStatus.CANCELLED):
+            outcome = ref.dialect.inlined_outcome(view)
+            if (
+                status.terminal
+                and outcome is None
+                and (ref.dialect.cancelled_has_outcome or status is not TaskStatus.CANCELLED)
+            ):
                 ref.ending = True  # the record turns terminal with the outcome in it: the watcher fetches it
                 ref.wake.set()
             else:
@@ -326,6 +313,7 @@ class Passthrough:
         upstream_headers = {
             name: ref.upstream_id if name.lower() == "mcp-name" else value for name, value in headers.items()
         }
+        # 2026-07-28 requests go to pooled channels: this one must reach the channel that holds the task.
         if ref.era is Era.MODERN:
             self._upstream.pin(task.id, ref.channel)
         return task, rewritten, upstream_headers
@@ -345,13 +333,14 @@ class Passthrough:
     ) -> Task | None:
         """Learn the task a forwarded tools/call created (its answer `final`, already in client ids),
         record what came before it, and start watching it. None when `final` created no task."""
-        view = created_view(final, era)
+        dialect = dialect_of(era)
+        view = dialect.created_task(final)
         prefix = f"{channel.tag}."
         if view is None or not view["taskId"].startswith(prefix):
             return None
         params = jsonrpc.params_of(request)
-        ttl = view.get("ttl" if era is Era.LEGACY else "ttlMs")
-        poll = view.get("pollInterval" if era is Era.LEGACY else "pollIntervalMs")
+        ttl = view.get(dialect.ttl_key)
+        poll = view.get(dialect.poll_key)
         upstream_id = view["taskId"][len(prefix) :]
         created_at = view.get("createdAt")
         try:
@@ -385,6 +374,7 @@ class Passthrough:
         await self._observe_status(task, view, pushed=False)
         if token is not None:
             self._tokens[(channel.tag, token)] = task
+        # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
         if era is Era.MODERN:
             self._upstream.pin(task.id, channel)
             if self._upstream.shared_stateless:
@@ -466,18 +456,15 @@ class Passthrough:
         """The ended task's outcome from the upstream: a 2025-11-25 `tasks/result` answer as it is, the
         result or error inlined in a 2026-07-28 `tasks/get`; else an error saying why there is none."""
         ref: UpstreamTask = task.upstream
-        method = "tasks/result" if ref.era is Era.LEGACY else "tasks/get"
+        method = ref.dialect.outcome_method
         final = await self._ask_upstream(task, method)
         if final is None:
             return unavailable(f"the upstream did not answer {method} within {ASK_TIMEOUT_S:g} s")
-        if ref.era is Era.LEGACY:
-            return {"error": final["error"]} if "error" in final else {"result": final.get("result")}
-        view = final.get("result")
-        outcome = inlined_outcome(view) if isinstance(view, dict) else None
+        outcome = ref.dialect.answered_outcome(final)
         if outcome is not None:
             return outcome
         error = final.get("error")
-        cause = error.get("message") if isinstance(error, dict) else "its tasks/get carried neither result nor error"
+        cause = error.get("message") if isinstance(error, dict) else f"its {method} carried neither result nor error"
         return unavailable(f"the upstream said the task ended, but {cause}")
 
     async def _end(self, task: Task, outcome: Message) -> None:
@@ -492,19 +479,11 @@ class Passthrough:
         it is pinned to); its answer, or None after ASK_TIMEOUT_S."""
         ref: UpstreamTask = task.upstream
         kind = "poll" if method == "tasks/get" else method.removeprefix("tasks/")
-        message: Message = {
-            "jsonrpc": "2.0",
-            "id": f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}",
-            "method": method,
-            "params": {"taskId": ref.upstream_id},
-        }
+        request_id = f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}"
+        message, headers = ref.dialect.gateway_request(request_id, method, {"taskId": ref.upstream_id})
+        # A 2025-11-25 task lives in its session: asked there, with the session's headers.
         if ref.era is Era.LEGACY:
-            return await self._ask(ref.channel, message, ref.headers)
-        message["params"]["_meta"] = {
-            PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0],
-            CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
-        }
-        headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": method, "Mcp-Name": ref.upstream_id}
+            return await self._ask(ref.channel, message, {**ref.headers, **headers})
         async with self._upstream.stateless(task.id) as channel:
             channel.tap = self.observe
             self._upstream.pin(task.id, channel)
@@ -541,15 +520,6 @@ class Passthrough:
         await asyncio.gather(*self._watchers, return_exceptions=True)
         for pushes in self._pushes.values():
             await pushes.stop()
-
-
-def inlined_outcome(view: Mapping[str, Any]) -> Message | None:
-    """The outcome a 2026-07-28 DetailedTask carries: `result` when completed, `error` when failed."""
-    if view.get("status") == TaskStatus.COMPLETED and "result" in view:
-        return {"result": view["result"]}
-    if view.get("status") == TaskStatus.FAILED and "error" in view:
-        return {"error": view["error"]}
-    return None
 
 
 def unavailable(cause: str) -> Message:

@@ -19,12 +19,14 @@ from gateway.config import ServerConfig, TasksConfig
 from gateway.events.log import EventLog
 from gateway.events.stream import Write, run_stream
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import Caller, HostedTasks, related_outcome, wait_any
+from gateway.tasks.hosted import Caller, HostedTasks, related_outcome
 from gateway.tasks.registry import ANONYMOUS, PendingRequest, Task
 from gateway.upstream.base import Exchange, UpstreamChannel
+from gateway.waiting import wait_any
 
 Transform = Callable[[Message], Awaitable[Message]]
 """What becomes of the upstream's final message before the client gets it."""
@@ -151,7 +153,7 @@ class StreamEvents:
         if isinstance(outcome, ProtocolError):
             outcome.request_id = request_id
             return outcome.to_message()
-        return {"jsonrpc": "2.0", "id": request_id, "result": self.era.empty_result}
+        return dialect_of(self.era).stream_end(request_id)
 
 
 class AwaitResult:
@@ -173,7 +175,7 @@ class AwaitResult:
         `wait_s` passed with neither (time for a keep-alive)."""
         task = self._task
         while True:
-            claimed = self._hosted.claim_undelivered(task)
+            claimed = self._hosted.input.claim_undelivered(task)
             if claimed:
                 for pending in claimed:
                     route_answer(self._hosted, self._session, task, pending)
@@ -203,7 +205,7 @@ def route_answer(hosted: HostedTasks, session: Session, task: Task, pending: Pen
     """The client's response to `pending`, POSTed on `session`, goes to the task (and on upstream)."""
 
     async def route(message: Message, headers: Mapping[str, str]) -> None:
-        await hosted.answer_legacy(task, message, headers)
+        await hosted.input.answer(task, message, headers)
 
     session.note_outgoing(pending.request, route)
     pending.forget.append(lambda: session.forget_response(pending.id, route))

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from gateway.config import ToolTaskPolicy
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import declares_tasks_extension, missing_extension
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
-from gateway.tasks.hosted import declares_tasks_extension, missing_extension
 
 RETRY_PARAMS = ("inputResponses", "requestState")
 """A tools/call carrying either is the retry of an MRTR round (SEP-2322)."""
@@ -45,6 +45,7 @@ AT_ONCE = Hosting(0.0, result_is_task=True)
 def plan_tool_call(policy: ToolTaskPolicy, message: Message, era: Era) -> Hosting | None:
     """How `message` (a tools/call) may become a hosted task; None: forward it as a plain call.
     Raises ProtocolError when the call breaks the tool's policy."""
+    # Who decides differs: the 2025-11-25 client asks for a task, the 2026-07-28 gateway decides.
     if era is Era.LEGACY:
         return _plan_legacy(policy, message)
     return _plan_modern(policy, message)

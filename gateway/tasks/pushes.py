@@ -17,8 +17,7 @@ import logging
 from collections.abc import Callable
 
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION
-from gateway.protocol.jsonrpc import Message
+from gateway.protocol.dialect import MODERN
 from gateway.upstream.base import Exchange, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.pushes")
@@ -93,19 +92,11 @@ class TaskPushes:
 
     async def _subscribe(self, wanted: dict[str, str]) -> Exchange | None:
         """A new listen for `wanted`, once the upstream acknowledged it; None if it will not push tasks."""
-        request: Message = {
-            "jsonrpc": "2.0",
-            "id": f"mcp-task-gateway-listen-{next(_listen_ids)}",
-            "method": "subscriptions/listen",
-            "params": {
-                "notifications": {"taskIds": sorted(wanted.values())},
-                "_meta": {
-                    PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0],
-                    CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
-                },
-            },
-        }
-        headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "subscriptions/listen"}
+        request, headers = MODERN.gateway_request(
+            f"mcp-task-gateway-listen-{next(_listen_ids)}",
+            "subscriptions/listen",
+            {"notifications": {"taskIds": sorted(wanted.values())}},
+        )
         exchange = await self._channel.request(request, headers)
         acknowledged: list[object] | None = None
         refused = False

@@ -31,6 +31,7 @@ import orjson
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogBounds, LogSealed
+from gateway.events.summaries import summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -186,57 +187,10 @@ class Task:
         self.pending_requests.clear()
         self.undelivered.clear()
 
-    def legacy_view(self) -> dict[str, Any]:
-        """The 2025-11-25 (SEP-1686) Task object."""
-        return legacy_view(self.record)
-
-    def modern_task(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
-        return modern_task(self.record)
-
-    def modern_view(self) -> dict[str, Any]:
-        """The 2026-07-28 (SEP-2663) DetailedTask: the Task, with `inputRequests` while input_required (the
-        outstanding ones) and the outcome inlined once terminal."""
-        view = self.modern_task()
-        if self.status is TaskStatus.INPUT_REQUIRED:
-            view["inputRequests"] = self.input_round.outstanding if self.input_round is not None else {}
-        outcome = self.outcome if self.terminal and self.status is not TaskStatus.CANCELLED else None
-        if outcome is not None and self.status is TaskStatus.COMPLETED and "result" in outcome:
-            view["result"] = outcome["result"]
-        if outcome is not None and "error" in outcome:
-            # A failure, or a completed task whose result the gateway could not keep (it says why).
-            view["error"] = outcome["error"]
-        return view
-
-
-def legacy_view(record: TaskRecord) -> dict[str, Any]:
-    """The 2025-11-25 (SEP-1686) Task object."""
-    view: dict[str, Any] = {
-        "taskId": record.id,
-        "status": record.status.value,
-        "createdAt": record.created_at,
-        "lastUpdatedAt": record.last_updated_at,
-        "ttl": record.ttl_ms,
-        "pollInterval": record.poll_interval_ms,
-    }
-    if record.status_message is not None:
-        view["statusMessage"] = record.status_message
-    return view
-
-
-def modern_task(record: TaskRecord) -> dict[str, Any]:
-    """The 2026-07-28 (SEP-2663) Task, as a CreateTaskResult carries it."""
-    task: dict[str, Any] = {
-        "taskId": record.id,
-        "status": record.status.value,
-        "createdAt": record.created_at,
-        "lastUpdatedAt": record.last_updated_at,
-        "ttlMs": record.ttl_ms,
-        "pollIntervalMs": record.poll_interval_ms,
-    }
-    if record.status_message is not None:
-        task["statusMessage"] = record.status_message
-    return task
+    @property
+    def input_requests(self) -> dict[str, Any]:
+        """Modern: the current round's requests still waiting for an answer."""
+        return self.input_round.outstanding if self.input_round is not None else {}
 
 
 class TaskLimitReached(Exception):
@@ -378,7 +332,7 @@ class TaskRegistry:
         kept, encoded = None, None
         if status.terminal and outcome is not None:
             kept, encoded = bounded(outcome, self._retention.max_result_bytes)
-        summary = summarize(status, kept) if status.terminal else None
+        summary = summarize_outcome(status.value, kept) if status.terminal else None
         detail = {"statusMessage": message} if message is not None else {}
         events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
         if summary is not None:
@@ -515,27 +469,3 @@ def bounded_summary(summary: dict[str, Any]) -> dict[str, Any]:
     if size <= SUMMARY_LIMIT_BYTES:
         return summary
     return {"status": summary["status"], "omitted": {"size": size, "limit": SUMMARY_LIMIT_BYTES}}
-
-
-def summarize(status: TaskStatus, outcome: Message | None) -> dict[str, Any]:
-    """The terminal event's payload: the outcome's shape, not its (possibly large) content."""
-    summary: dict[str, Any] = {"status": status.value}
-    if outcome is None:
-        return summary
-    error = outcome.get("error")
-    if isinstance(error, dict):
-        summary["error"] = {"code": error.get("code"), "message": error.get("message")}
-        return summary
-    result = outcome.get("result")
-    if isinstance(result, dict):
-        summary["isError"] = bool(result.get("isError", False))
-        content = result.get("content")
-        if isinstance(content, list):
-            summary["content"] = [
-                {"type": block.get("type"), "bytes": len(str(block.get("text", block.get("data", ""))))}
-                for block in content
-                if isinstance(block, dict)
-            ]
-        if "structuredContent" in result:
-            summary["structuredContent"] = True
-    return summary

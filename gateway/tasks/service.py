@@ -20,21 +20,13 @@ from gateway.config import ServerConfig, TasksConfig
 from gateway.events.stream import parse_stream_params, plan_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import (
-    LEGACY_TASK_METHODS,
-    LOG_LEVEL_KEY,
-    MODERN_TASK_METHODS,
-    HostedTasks,
-    UpstreamCall,
-    declares_tasks_extension,
-    input_required,
-    missing_extension,
-    unknown_task,
-)
-from gateway.tasks.passthrough import ROUTED_METHODS, Passthrough
+from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.input import UpstreamCall, input_required
+from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import (
     AwaitResult,
     Forward,
@@ -78,12 +70,12 @@ class TaskService:
 
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
-        with the gateway's task capability in it."""
+        with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
         capabilities = result.get("capabilities")
-        session.upstream_has_tasks = isinstance(capabilities, dict) and "tasks" in capabilities
+        session.upstream_has_tasks = isinstance(capabilities, dict) and LEGACY.capability_key in capabilities
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
-        return self._hosted.advertise_legacy(result, session.upstream_has_tasks)
+        return self._hosted.advertise(result, LEGACY)
 
     async def client_notification(self, session: Session, message: Message, headers: Mapping[str, str]) -> None:
         """A notifications/cancelled for a request the gateway serves itself stops it there; the rest go on."""
@@ -116,11 +108,9 @@ class TaskService:
         if self._serves(call):
             return await self._task_method(call)
         if call.method == "tools/call":
-            planned = (
-                await self._legacy_tool_call(call, await call.channel())
-                if call.era is Era.LEGACY
-                else await self._modern_tool_call(call, await call.channel())
-            )
+            # SEP-1686: the client asked for a task; SEP-2663: the gateway decides as the call runs.
+            tool_call = self._legacy_tool_call if call.era is Era.LEGACY else self._modern_tool_call
+            planned = await tool_call(call, await call.channel())
             if planned is not None:
                 return planned
         return self._forward(call, await call.channel(), self._transform_for(call, hosting))
@@ -137,13 +127,14 @@ class TaskService:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
         task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
         answer_route: ResponseRoute | None = None
-        if call.method in ROUTED_METHODS[call.era]:
+        if call.method in call.caller.dialect.task_requests:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
             if task.terminal:
                 # Its record holds how it ended (the outcome too) and answers, exactly and even once
                 # the upstream conversation that held the task is gone.
                 return await self._task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
+            # A 2025-11-25 task lives in the session that created it; a 2026-07-28 one on a pinned pool channel.
             channel = task.upstream.channel if call.era is Era.LEGACY else await call.channel()
             if call.session is not None and channel is not call.session.channel:
                 # A task of another session of this caller: answers to its requests go back to it.
@@ -154,10 +145,7 @@ class TaskService:
                 call = dataclasses.replace(call, message=listen)
             channel = await call.channel()
         channel.tap = self._passthrough.observe
-        params = jsonrpc.params_of(call.message)
-        if call.method == "tools/call" and (
-            "task" in params if call.era is Era.LEGACY else declares_tasks_extension(call.message)
-        ):
+        if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
         return self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
@@ -197,10 +185,10 @@ class TaskService:
                 if not isinstance(result, dict):
                     return final
                 self._upstream.learn_capabilities(result)
-                return {**final, "result": hosted.advertise_modern(result)}
+                return {**final, "result": hosted.advertise(result, MODERN)}  # a 2026-07-28 method
 
             return discover
-        if call.method == "tools/list" and hosting and call.era is Era.LEGACY:
+        if call.method == "tools/list" and hosting and call.caller.dialect.lists_task_support:
 
             async def annotate(final: Message) -> Message:
                 result = final.get("result")
@@ -218,6 +206,7 @@ class TaskService:
         observed: list[Message] | None = None,
         answer_route: ResponseRoute | None = None,
     ) -> Forward:
+        # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
         hooks = RelayHooks(call.session, answer_route, transform, observed)
@@ -240,30 +229,25 @@ class TaskService:
 
     def _serves(self, call: TaskCall) -> bool:
         """Task methods the gateway answers for an upstream without Tasks."""
-        methods = (
-            LEGACY_TASK_METHODS if call.era is Era.LEGACY else MODERN_TASK_METHODS | {"tasks/result", "tasks/list"}
-        )
-        return call.method in methods
+        return call.method in call.caller.dialect.task_methods | {"tasks/result", "tasks/list"}
 
     async def _task_method(self, call: TaskCall) -> Plan:
-        if call.era is Era.MODERN:
-            if call.method not in MODERN_TASK_METHODS:
-                raise ProtocolError(
-                    jsonrpc.METHOD_NOT_FOUND,
-                    f"Method not found: {call.method} does not exist in the 2026-07-28 tasks extension",
-                    http_status=404,
-                    request_id=call.message["id"],
-                )
-            if not declares_tasks_extension(call.message):
-                raise missing_extension(call.message["id"])
-            return Reply(await self._hosted.modern_method(call.caller, call.message))
+        dialect = call.caller.dialect
+        if call.method not in dialect.task_methods:
+            raise ProtocolError(
+                jsonrpc.METHOD_NOT_FOUND,
+                f"Method not found: {call.method} does not exist in the {call.era.value} tasks extension",
+                http_status=404,
+                request_id=call.message["id"],
+            )
+        dialect.check_tasks_declared(call.message)
         if call.method == "tasks/result":
-            task = self._hosted.legacy_task(call.caller, call.message)
+            task = self._hosted.task_named(call.caller, call.message)
             assert call.session is not None
             wait = AwaitResult(self._hosted, task, call.session, call.message["id"])
             call.resources.callback(wait.close)
             return wait
-        return Reply(await self._hosted.legacy_method(call.caller, call.message))
+        return Reply(await self._hosted.method(call.caller, call.message))
 
     # -- tools/call as a task --------------------------------------------------------------------
 
@@ -280,7 +264,11 @@ class TaskService:
         resources.push_async_callback(session.task_ended)
 
         async def notify_status(task: Task) -> None:
-            status = {"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task.legacy_view()}
+            status = {
+                "jsonrpc": "2.0",
+                "method": "notifications/tasks/status",
+                "params": call.caller.dialect.task(task),
+            }
             await session.deliver_unsolicited(status)
 
         async def deliver_input(task: Task, pending: PendingRequest) -> None:
@@ -308,7 +296,7 @@ class TaskService:
             self._hosted.check_room(call.caller, call.message)
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, Era.MODERN), call.headers)
+        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.caller.dialect), call.headers)
         observed: list[Message] = []
 
         async def adopt(observed: list[Message]) -> Task:
@@ -323,7 +311,7 @@ class TaskService:
         async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
             task = await adopt(observed)
             self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
-            return self._hosted.modern_created(task, call.message["id"])
+            return self._hosted.created(call.caller, task, call.message["id"])
 
         def room_for_task() -> bool:
             try:
@@ -338,7 +326,7 @@ class TaskService:
                 return final
             task = await adopt(observed)
             await self._hosted.finish(task, call.caller, final)
-            return self._hosted.modern_created(task, call.message["id"])
+            return self._hosted.created(call.caller, task, call.message["id"])
 
         def client_asked(message: Message) -> bool:
             method = message.get("method")
@@ -364,11 +352,9 @@ class TaskService:
             raise ProtocolError(
                 jsonrpc.METHOD_NOT_FOUND,
                 "Method not found: task event streams are disabled on this gateway",
-                http_status=404 if call.era is Era.MODERN else 200,
                 request_id=request_id,
             )
-        if call.era is Era.MODERN and not declares_tasks_extension(call.message):
-            raise missing_extension(request_id)
+        call.caller.dialect.check_tasks_declared(call.message)
         registry = self._hosted.registry
         try:
             task_id, after = parse_stream_params(call.message)
@@ -381,7 +367,7 @@ class TaskService:
             error.request_id = request_id
             raise
         if start.first_seq is None:
-            return Reply({"jsonrpc": "2.0", "id": request_id, "result": call.era.empty_result})
+            return Reply(call.caller.dialect.stream_end(request_id))
         if self.open_streams >= self._tasks.max_streams_total:
             raise Overloaded(
                 "tasks.max_streams_total",

@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.capabilities import Capabilities, Discovery
 
 UnsolicitedHandler = Callable[[Message, int], Awaitable[None]]
@@ -52,6 +52,10 @@ CLIENT_CANCEL_REASON = "cancelled by the client"
 TIMEOUT_CANCEL_REASON = "request timed out at the gateway"
 REQUEST_TIMEOUT = "request_timeout"
 """`data.reason` of the error a request gets when its deadline passes."""
+
+
+class UpstreamBusy(Overloaded):
+    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION
+from gateway.protocol.dialect import MODERN, upstream_declares_tasks
 
 if TYPE_CHECKING:
     from gateway.upstream.base import UpstreamChannel
@@ -34,12 +34,6 @@ class Capabilities:
 
 NOT_KNOWN = Capabilities(tasks=False)
 """What the gateway assumes while the upstream cannot be asked."""
-
-
-def declares_tasks(discover_result: dict[str, Any]) -> bool:
-    capabilities = discover_result.get("capabilities")
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 
 
 class Discovery:
@@ -63,17 +57,11 @@ class Discovery:
 
     def learn(self, discover_result: dict[str, Any]) -> None:
         """A `server/discover` result the upstream gave a client."""
-        self._known = Capabilities(tasks=declares_tasks(discover_result))
+        self._known = Capabilities(tasks=upstream_declares_tasks(discover_result))
 
     async def _probe(self, timeout_s: float) -> Capabilities | None:
         """Ask the upstream with the gateway's own server/discover; None when it could not be asked."""
-        probe = {
-            "jsonrpc": "2.0",
-            "id": DISCOVER_ID,
-            "method": "server/discover",
-            "params": {"_meta": {PROTOCOL_VERSION_KEY: MODERN_VERSIONS[0], CLIENT_CAPABILITIES_KEY: {}}},
-        }
-        probe_headers = {"MCP-Protocol-Version": MODERN_VERSIONS[0], "Mcp-Method": "server/discover"}
+        probe, probe_headers = MODERN.gateway_request(DISCOVER_ID, "server/discover", {})
         async with self._stateless() as channel:
             exchange = await channel.request(probe, probe_headers)
             try:
@@ -87,4 +75,4 @@ class Discovery:
             return None
         result = final.get("result")
         # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
-        return Capabilities(tasks=isinstance(result, dict) and declares_tasks(result))
+        return Capabilities(tasks=isinstance(result, dict) and upstream_declares_tasks(result))

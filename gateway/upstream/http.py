@@ -23,7 +23,6 @@ from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.sse import SseError, SseParser
 from gateway.upstream.base import (
@@ -100,13 +99,14 @@ class HttpChannel(UpstreamChannel):
         url: str,
         config: HttpUpstreamConfig,
         metrics: Metrics,
-        era: Era,
+        session: bool,
         budget: BufferBudget,
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
         deadlines: DeadlineRule | None = None,
     ) -> None:
-        self.era = era
+        self.session = session
+        """A 2025-11-25 upstream session (`Mcp-Session-Id`, GET stream, DELETE); else 2026-07-28 stateless."""
         self._on_close = on_close
         self._on_failure = on_failure
         self._deadlines = deadlines
@@ -148,7 +148,7 @@ class HttpChannel(UpstreamChannel):
     async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
         self._remember_version(headers)
         sent = await self._send(message, headers)
-        if sent and self.era is Era.LEGACY and message.get("method") == "notifications/initialized":
+        if sent and self.session and message.get("method") == "notifications/initialized":
             self._start_listening()
 
     async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
@@ -176,7 +176,7 @@ class HttpChannel(UpstreamChannel):
         await asyncio.gather(*tasks, return_exceptions=True)
         for call in calls:
             call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
-        if self.era is Era.LEGACY and self._session_id is not None:
+        if self.session and self._session_id is not None:
             await self._delete_session()
 
     # -- requests -----------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class HttpChannel(UpstreamChannel):
             if self._on_failure is not None:
                 self._on_failure(cause)
             return
-        if is_initialize and self.era is Era.LEGACY and 200 <= response.status < 300:
+        if is_initialize and self.session and 200 <= response.status < 300:
             session_id = response.headers.get(SESSION_HEADER)
             if session_id:
                 self._session_id = session_id
@@ -311,7 +311,7 @@ class HttpChannel(UpstreamChannel):
     async def _cancel(self, call: _Call, reason: str) -> None:
         call.abort()
         # A dropped POST is the cancel at 2026-07-28; a legacy upstream keeps running the tool without this.
-        if self.era is Era.LEGACY and call.exchange.method != "initialize" and not self._closed:
+        if self.session and call.exchange.method != "initialize" and not self._closed:
             cancelled: Message = {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
@@ -456,7 +456,7 @@ class HttpChannel(UpstreamChannel):
 
     def _remember_version(self, headers: Mapping[str, str]) -> None:
         """Keep the client's protocol version for the requests the link makes on its own (GET, DELETE)."""
-        if self.era is not Era.LEGACY:
+        if not self.session:
             return
         for name, value in headers.items():
             if name.lower() == "mcp-protocol-version":
@@ -464,7 +464,7 @@ class HttpChannel(UpstreamChannel):
 
     def _remember_negotiated(self, message: Message) -> None:
         result = message.get("result")
-        if self.era is Era.LEGACY and isinstance(result, dict):
+        if self.session and isinstance(result, dict):
             version = result.get("protocolVersion")
             if isinstance(version, str) and self._protocol_version is None:
                 self._protocol_version = version
@@ -502,7 +502,7 @@ class HttpUpstream(Upstream):
             # One client session serves every gateway client: upstream cookies must not leak between them.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._shared = self._channel(Era.MODERN)
+        self._shared = self._channel(session=False)
 
     async def close(self) -> None:
         channels = list(self._channels)
@@ -516,13 +516,13 @@ class HttpUpstream(Upstream):
             self._client = None
 
     async def open_session(self) -> HttpChannel:
-        channel = self._channel(Era.LEGACY)
+        channel = self._channel(session=True)
         self._channels.add(channel)
         return channel
 
     @contextlib.asynccontextmanager
     async def probe_session(self) -> AsyncIterator[HttpChannel]:
-        channel = self._channel(Era.LEGACY, probe=True)
+        channel = self._channel(session=True, probe=True)
         self._channels.add(channel)
         try:
             yield channel
@@ -538,7 +538,7 @@ class HttpUpstream(Upstream):
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
         """Nothing to do: every stateless request reaches the same upstream endpoint."""
 
-    def _channel(self, era: Era, *, probe: bool = False) -> HttpChannel:
+    def _channel(self, *, session: bool, probe: bool = False) -> HttpChannel:
         """A channel; a readiness probe's reports no failures (the probe reads them from its exchange)."""
         if self._client is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
@@ -547,7 +547,7 @@ class HttpUpstream(Upstream):
             self.url,
             self._config,
             self._metrics,
-            era,
+            session,
             self._budget,
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,

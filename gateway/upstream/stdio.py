@@ -40,13 +40,14 @@ from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
-from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
+from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
     Exchange,
     FailureListener,
     UnsolicitedHandler,
     Upstream,
+    UpstreamBusy,
     UpstreamChannel,
 )
 
@@ -146,10 +147,6 @@ async def next_line(reader: asyncio.StreamReader, limit: int) -> bytes | Oversiz
             return end
         pieces.add(end)
         return pieces.line()
-
-
-class UpstreamBusy(Overloaded):
-    """No upstream process could be had within the limit; the edge answers 503 with Retry-After."""
 
 
 @dataclass(slots=True)
