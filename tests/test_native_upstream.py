@@ -179,3 +179,21 @@ async def test_a_dropped_legacy_stream_is_cancelled_upstream(http: aiohttp.Clien
     assert await status(client, task_id) == "working"
     await client.request("tasks/cancel", {"taskId": task_id})
     await client.delete()
+
+
+async def test_streams_are_forwarded_with_the_gateways_events_disabled(
+    http: aiohttp.ClientSession, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`[events] enabled = false` turns off the gateway's own log and streams, not the upstream's."""
+    log = tmp_path_factory.mktemp("native-no-events") / "server.log"
+    async with (
+        serve_http(NATIVE, log=log, port_option="--port") as url,
+        start_gateway(upstream_url=url, config_text="[events]\nenabled = false\n") as gw,
+    ):
+        client = Client(http, gw.url, LEGACY)
+        initialized = await asyncio.wait_for(client.initialize(), WAIT)
+        assert "eventStreams" in initialized["result"]["capabilities"]["tasks"]
+        task_id, live = await ended(client, SHORT)
+        assert seqs(live.messages) == list(range(9))
+        assert {event["taskId"] for event in task_events(live.messages)} == {task_id}
+        await client.delete()
