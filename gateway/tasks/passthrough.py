@@ -10,6 +10,9 @@ Learning. A task is known from the CreateTaskResult the gateway forwards (`adopt
 the caller. Messages about it that arrive first (server-everything pushes a status before it answers)
 wait briefly in a stash. A task the gateway never saw created stays unknown: `-32602`, like any id.
 
+An upstream that serves tasks/stream itself (SEP-2694 native) streams its own log: its task events
+pass with their ids mapped and are never captured (every replay would copy them again).
+
 Capture. For known tasks the tap records status pushes (`notifications/tasks/status`,
 `notifications/tasks`) and status answers (`tasks/get`, legacy `tasks/cancel`) as `task.status` events
 when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's

@@ -4,8 +4,9 @@ Given a parsed call (era, caller, message, headers, session) the service decides
 hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
 the upstream's cached `server/discover`) or passes the upstream's tasks through (ids mapped by the channel
 tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
-task method answered now, a forward with its relay hooks, a tasks/stream cursor, or a legacy tasks/result
-wait. It touches no HTTP; the edge carries the plan out.
+task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
+serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
+edge carries the plan out.
 """
 
 from __future__ import annotations
