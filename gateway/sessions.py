@@ -40,6 +40,9 @@ class Session:
         """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
         self.upstream_has_tasks = False
         """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
+        self.upstream_serves_streams = False
+        """The upstream's tasks capability has `eventStreams`: it serves `tasks/stream` itself (SEP-2694
+        native), and the gateway forwards the streams of its tasks."""
         self._pending_server_requests: set[RequestId] = set()
         """Server-to-client requests relayed to this client and not yet answered."""
         self._task_streams: set[str] = set()

@@ -148,7 +148,9 @@ class ScriptedUpstream(OneConversation):
             return {"result": {"resultType": "complete", **upstream_view(Era.MODERN, "working")}}
         return {"result": {"resultType": "complete"}}  # SEP-2663 tasks/cancel, tasks/update
 
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+    def stateless(
+        self, affinity: str | None = None, *, beside: bool = False
+    ) -> AbstractAsyncContextManager[UpstreamChannel]:
         @asynccontextmanager
         async def channel() -> AsyncIterator[UpstreamChannel]:
             yield self

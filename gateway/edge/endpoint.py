@@ -238,7 +238,10 @@ class McpEndpoint:
                 params = jsonrpc.params_of(message)
                 state = params.get("taskId" if message["method"].startswith("tasks/") else "requestState")
                 affinity = state if isinstance(state, str) else None
-                leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
+                # A forwarded tasks/stream (the upstream serves it) lasts as long as its task: beside the rest.
+                beside = message["method"] == "tasks/stream"
+                stateless = self._upstream.stateless(affinity, beside=beside)
+                leased.append(await call.resources.enter_async_context(stateless))
             return leased[0]
 
         call = TaskCall(message, era, headers, None, lease)

@@ -97,7 +97,9 @@ async def relay(
             elif wait >= keepalive_s:
                 await responder.keepalive()
     except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
-        if hooks.session is not None and responder.resumable and (handoff is None or not handoff.taken):
+        # A forwarded stream the upstream must see end (cancel_when_gone) is not kept for a resume.
+        resumable = responder.resumable and not hooks.cancel_when_gone
+        if hooks.session is not None and resumable and (handoff is None or not handoff.taken):
             assert responder.replay is not None
             unattended = True
             exchange.give_back(taken)
@@ -111,7 +113,7 @@ async def relay(
             )
             hooks.session.streams.run_on(responder.replay, go_on)
         elif handoff is None or not handoff.taken:
-            await _client_gone(exchange, era, metrics)
+            await _client_gone(exchange, era, metrics, hooks.cancel_when_gone)
         response = responder.abandon()
         if response is None or isinstance(exc, asyncio.CancelledError):
             raise
@@ -132,11 +134,11 @@ async def _send(batch: list[Message], responder: Responder, hooks: RelayHooks) -
         await responder.send(batch)
 
 
-async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics) -> None:
-    """Modern: a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
+async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics, cancel: bool) -> None:
+    """Modern (or `cancel`): a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
     if exchange.finished:
         return
-    if era is Era.MODERN:  # a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call outlives its stream
+    if era is Era.MODERN or cancel:  # a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call outlives its stream
         metrics.requests.labels(method=exchange.method, outcome="cancelled").inc()
         await exchange.cancel()
     else:

@@ -366,11 +366,14 @@ class Upstream(ABC):
         """A channel dedicated to one legacy (handshake-era) client session."""
 
     @abstractmethod
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+    def stateless(
+        self, affinity: str | None = None, *, beside: bool = False
+    ) -> AbstractAsyncContextManager[UpstreamChannel]:
         """A channel for one modern (2026-07-28) request, held for that request's lifetime.
 
-        `affinity` is a multi-round-trip request's echoed `requestState`: its retry must reach the
-        conversation that issued the state (see `pin`)."""
+        `affinity` is a multi-round-trip request's echoed `requestState`, or a task's id: the request
+        must reach the conversation that issued it (see `pin`). `beside`: the request (a forwarded
+        tasks/stream) may share that conversation with the request holding it, rather than wait its turn."""
 
     @abstractmethod
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
