@@ -4,8 +4,9 @@ Given a parsed call (era, caller, message, headers, session) the service decides
 hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
 the upstream's cached `server/discover`) or passes the upstream's tasks through (ids mapped by the channel
 tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
-task method answered now, a forward with its relay hooks, a tasks/stream cursor, or a legacy tasks/result
-wait. It touches no HTTP; the edge carries the plan out.
+task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
+serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
+edge carries the plan out.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class TaskService:
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
         with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
-        capabilities = result.get("capabilities")
-        session.upstream_has_tasks = isinstance(capabilities, dict) and LEGACY.capability_key in capabilities
+        session.upstream_has_tasks = LEGACY.declared_tasks(result) is not None
+        session.upstream_serves_streams = LEGACY.declares_event_streams(result)
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
         return self._hosted.advertise(result, LEGACY)
@@ -105,7 +106,7 @@ class TaskService:
     async def plan(self, call: TaskCall) -> Plan:
         """What to do with `call`; raises ProtocolError for a request that gets an error."""
         hosting = await self._hosting(call)
-        if call.method == "tasks/stream":
+        if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
             return await self._stream(call)
         if not hosting:
             return await self._with_upstream_tasks(call)
@@ -127,13 +128,27 @@ class TaskService:
 
     # -- tasks the upstream hosts ----------------------------------------------------------------
 
+    async def _upstream_serves_streams(self, call: TaskCall) -> bool:
+        """Whether the upstream serves tasks/stream itself (its tasks capability has `eventStreams`)."""
+        if call.session is not None:
+            return call.session.upstream_serves_streams
+        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).event_streams
+
     async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
-        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
+        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned. A
+        tasks/stream comes here only when the upstream serves it itself: its stream is the upstream's,
+        relayed as it comes (the tap maps the ids in its events), and a dropped client cancels it."""
         answer_route: ResponseRoute | None = None
-        if call.method in call.caller.dialect.task_requests:
+        streaming = call.method == "tasks/stream"
+        if streaming:
+            call.caller.dialect.check_tasks_declared(call.message)
+            parse_stream_params(call.message)  # the same -32602 for a bad taskId or after as a hosted stream
+        if streaming or call.method in call.caller.dialect.task_requests:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
-            if task.terminal:
+            if streaming:
+                self._claim_stream(call, task.id)
+            elif task.terminal:
                 # Its record holds how it ended (the outcome too) and answers, exactly and even once
                 # the upstream conversation that held the task is gone.
                 return await self._task_method(call)
@@ -152,7 +167,8 @@ class TaskService:
         if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
-        return self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
+        transform = self._transform_for(call, hosting=False)
+        return self._forward(call, channel, transform, answer_route=answer_route, cancel_when_gone=streaming)
 
     def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
         async def answer(message: Message, headers: Mapping[str, str]) -> None:
@@ -209,11 +225,12 @@ class TaskService:
         *,
         observed: list[Message] | None = None,
         answer_route: ResponseRoute | None = None,
+        cancel_when_gone: bool = False,
     ) -> Forward:
         # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
-        hooks = RelayHooks(call.session, answer_route, transform, observed)
+        hooks = RelayHooks(call.session, answer_route, transform, observed, cancel_when_gone=cancel_when_gone)
         return Forward(channel, call.message, call.headers, hooks)
 
     def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
@@ -280,11 +297,11 @@ class TaskService:
 
         async def deliver_input(task: Task, pending: PendingRequest) -> None:
             # No tasks/result is open for the task: the creating session's GET stream, if it has one.
-            stream = session.get_stream
+            stream = session.streams.standalone
             if stream is None:
                 return
             route_answer(self._hosted, session, task, pending)
-            pending.carried_by = lambda: session.get_stream is stream
+            pending.carried_by = lambda: session.streams.standalone is stream
             await session.deliver_unsolicited(pending.request)
 
         answer = await self._hosted.start_legacy(
@@ -374,6 +391,17 @@ class TaskService:
             raise
         if start.first_seq is None:
             return Reply(call.caller.dialect.stream_end(request_id))
+        self._claim_stream(call, record.id)
+        session = call.session
+        stop = call.resources.enter_context(session.local_request(request_id)) if session else asyncio.Event()
+        return StreamEvents(
+            self._hosted.reads.log, record.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+        )
+
+    def _claim_stream(self, call: TaskCall, task_id: str) -> None:
+        """Hold a tasks/stream of the task until the request ends, within the gateway's stream limits and,
+        in 2025-11-25, as the session's one stream of the task (SEP-2694: one per task and connection)."""
+        request_id = call.message["id"]
         if self.open_streams >= self._tasks.max_streams_total:
             raise Overloaded(
                 "tasks.max_streams_total",
@@ -381,33 +409,24 @@ class TaskService:
                 "retry later, resuming with `after`; close streams you no longer read",
                 request_id=request_id,
             )
-        if self.task_streams[record.id] >= self._tasks.max_streams_per_task:
+        if self.task_streams[task_id] >= self._tasks.max_streams_per_task:
             raise Overloaded(
                 "tasks.max_streams_per_task",
-                f"the task already has {self.task_streams[record.id]} streams",
+                f"the task already has {self.task_streams[task_id]} streams",
                 "retry later, resuming with `after`; close streams of this task you no longer read",
                 request_id=request_id,
             )
         session = call.session
         if session is not None:
-            if session.has_task_stream(record.id):
+            if session.has_task_stream(task_id):
                 raise ProtocolError(
                     jsonrpc.INVALID_PARAMS,
                     "Invalid params: a tasks/stream for this task is already active on this session; cancel it first",
-                    data={"reason": "stream_active", "taskId": record.id},
+                    data={"reason": "stream_active", "taskId": task_id},
                     request_id=request_id,
                 )
-            call.resources.enter_context(session.task_stream(record.id))
-            stop = call.resources.enter_context(session.local_request(request_id))
-        else:
-            stop = asyncio.Event()
-        self._hold_stream(call, record.id)
-        return StreamEvents(
-            self._hosted.reads.log, record.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
-        )
-
-    def _hold_stream(self, call: TaskCall, task_id: str) -> None:
-        """Count the stream against the limits until the request ends."""
+            call.resources.enter_context(session.task_stream(task_id))
+        # Counted against the limits until the request ends.
         self.task_streams[task_id] += 1
         self.open_streams += 1
         self._metrics.task_streams.inc()
