@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import orjson
 import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
@@ -28,9 +30,12 @@ from gateway.app import build_stores
 from gateway.config import Config, RetentionConfig
 from gateway.events.log import MemoryEventLog
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import OUTCOME_OVERHEAD_BYTES, bounded, evicted_outcome, outcome_cap
 from gateway.tasks.store import InvalidCursor, OutcomeTooLarge, TaskExists, TaskStore
+from tests.conftest import fresh_sqlite_file
 
 T = TypeVar("T")
 
@@ -47,14 +52,18 @@ def _memory_store(*, max_outcome_bytes: int) -> TaskStore:
     return MemoryTaskStore(max_outcome_bytes)
 
 
+def _sqlite_store(*, max_outcome_bytes: int) -> TaskStore:
+    return SqliteTaskStore(SqliteDatabase(fresh_sqlite_file()), max_outcome_bytes)
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
-    # pytest.param(_sqlite_store, id="sqlite"),  # one more line per store
+    pytest.param(_sqlite_store, id="sqlite"),
 ]
 
 
 @pytest.fixture(params=STORES)
-def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+def store_factory(request: pytest.FixtureRequest, sqlite_directory: Path) -> StoreFactory:
     factory: StoreFactory = request.param
     return factory
 
