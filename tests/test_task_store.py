@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import orjson
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
