@@ -37,6 +37,20 @@ class _LogRow:
     deleted: bool
 
 
+_APPEND_STATE = """
+SELECT next_seq, sealed, tombstone_until IS NOT NULL,
+    (SELECT seq FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
+    (SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
+    (SELECT created FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1)
+FROM logs WHERE task = ?1
+"""
+"""What an append needs of a log, in one statement: its row, its earliest event (seq, created), and
+the `created` of its last event."""
+
+
+_INSERT_EVENT = "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, ?)"
+
+
 class _NeedsTrim(Exception):
     """A read met an event older than the age: the writer deletes it first (reads cannot)."""
 
@@ -153,30 +167,28 @@ class SqliteEventLog(EventLog):
 
         def append(connection: sqlite3.Connection) -> bool:
             nonlocal first
-            log = _log_row(connection, task_id)
-            if log is None:
+            state = connection.execute(_APPEND_STATE, (task_id,)).fetchone()
+            if state is None:
                 connection.execute("INSERT INTO logs (task) VALUES (?)", (task_id,))
-                log = _LogRow(0, False, False)
-            if log.deleted or (log.sealed and not epilogue):
-                state = "deleted" if log.deleted else "sealed"
-                raise LogSealed(f"the log of task {task_id!r} is {state}: it takes no more events")
-            first = log.next_seq
+                state = (0, False, False, None, None, None)
+            next_seq, sealed, deleted, earliest, head_created, last_created = state
+            if deleted or (sealed and not epilogue):
+                raise LogSealed(
+                    f"the log of task {task_id!r} is {'deleted' if deleted else 'sealed'}: it takes no more events"
+                )
+            first = next_seq
             if rows:
-                last = connection.execute(
-                    "SELECT created FROM events WHERE task = ? ORDER BY seq DESC LIMIT 1", (task_id,)
-                ).fetchone()
-                created = clock if last is None else max(clock, last[0])  # never older than the last retained
-                connection.executemany(
-                    "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, ?)",
-                    [(task_id, first + i, created, body) for i, body in enumerate(rows)],
-                )
-                connection.execute(
-                    "DELETE FROM events WHERE task = ? AND seq < ?", (task_id, first + len(rows) - self._max_events)
-                )
-                if cutoff is not None:
-                    head = _first_created(connection, task_id)
-                    if head is not None and head < cutoff:
-                        _drop_older_than(connection, task_id, cutoff)
+                created = clock if last_created is None else max(clock, last_created)  # never older than the last
+                events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
+                if len(events) == 1:  # executemany costs about twice as much for one row
+                    connection.execute(_INSERT_EVENT, events[0])
+                else:
+                    connection.executemany(_INSERT_EVENT, events)
+                keep_from = first + len(rows) - self._max_events
+                if (first if earliest is None else earliest) < keep_from:
+                    connection.execute("DELETE FROM events WHERE task = ? AND seq < ?", (task_id, keep_from))
+                if cutoff is not None and head_created is not None and head_created < cutoff:
+                    _drop_older_than(connection, task_id, cutoff)
             if not (rows or seal):
                 return False
             connection.execute(
