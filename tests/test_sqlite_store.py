@@ -274,6 +274,15 @@ def test_check_config_connect_opens_a_good_store(tmp_path: Path, capsys: pytest.
     assert capsys.readouterr().out.count(": ok") == 2
 
 
+async def test_a_second_opener_of_the_same_file_is_refused_until_the_first_closes(tmp_path: Path) -> None:
+    first = SqliteDatabase(tmp_path / "gateway.db").acquire()
+    with pytest.raises(StoreUnavailable, match="in use by another gateway process"):
+        SqliteDatabase(tmp_path / "gateway.db")
+    await first.release()
+    second = SqliteDatabase(tmp_path / "gateway.db").acquire()
+    await second.release()
+
+
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "gateway.db"
     with sqlite3.connect(path) as other:

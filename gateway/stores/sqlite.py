@@ -4,7 +4,7 @@
 their tables in one file opened here. The file is in WAL mode (readers never block the writer, nor it
 them), with `synchronous = NORMAL` (a commit survives a crash of the process, the last ones may be lost
 on power loss) or `FULL` (every commit is on disk). WAL needs shared memory between the connections:
-one host only, never a network filesystem.
+one host only, never a network filesystem; and one process per file, held by a lock on `<path>.lock`.
 
 Nothing here blocks the event loop. Every write is a function run on the one writer connection, on a
 thread of its own: the writes a loop tick submits (and any that queue up while a commit runs) run in
@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import queue
 import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"]
 
@@ -92,7 +93,12 @@ class SqliteDatabase:
     def __init__(self, path: str | Path, synchronous: Synchronous = "normal") -> None:
         self.path = Path(path)
         self.synchronous = synchronous
-        self._writer = self._open_writer()
+        self._lock = self._take_lock()
+        try:
+            self._writer = self._open_writer()
+        except StoreUnavailable:
+            self._lock.close()
+            raise
         self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._pending: list[_Job] = []
         """Writes submitted during the current loop tick, handed to the writer at its end."""
@@ -112,10 +118,25 @@ class SqliteDatabase:
         connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         return connection
 
+    def _take_lock(self) -> IO[bytes]:
+        """Hold `<path>.lock` while open: a second process on the same file would write the same seqs
+        and wake none of this one's waiters."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(lock_path, "ab")  # noqa: SIM115 - held until the database closes
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {self.path}: {_reason(exc)}") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise StoreUnavailable(f"the SQLite store {self.path} is in use by another gateway process") from None
+        return lock
+
     def _open_writer(self) -> sqlite3.Connection:
         where = str(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             connection = self._connect()
         except (OSError, sqlite3.Error) as exc:
             raise StoreUnavailable(f"cannot open the SQLite store {where}: {_reason(exc)}") from None
@@ -161,6 +182,7 @@ class SqliteDatabase:
             for connection in self._reader_connections:
                 connection.close()
         self._writer.close()
+        self._lock.close()
 
     # -- writes
 
