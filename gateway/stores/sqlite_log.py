@@ -37,15 +37,21 @@ class _LogRow:
     deleted: bool
 
 
-_APPEND_STATE = """
+_LOG_STATE = """
 SELECT next_seq, sealed, tombstone_until IS NOT NULL,
     (SELECT seq FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
     (SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
     (SELECT created FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1)
 FROM logs WHERE task = ?1
 """
-"""What an append needs of a log, in one statement: its row, its earliest event (seq, created), and
-the `created` of its last event."""
+"""A log in one statement (fewer steps, fewer hand-offs of the GIL): its row, its earliest event
+(seq, created) and the `created` of its last event."""
+
+_READ_EVENTS = """
+SELECT seq, created, body, (SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1)
+FROM events WHERE task = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3
+"""
+"""Events after a cursor, each row with the `created` of the task's earliest event (for the age check)."""
 
 
 _INSERT_EVENT = "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, ?)"
@@ -103,15 +109,10 @@ def _drop_older_than(connection: sqlite3.Connection, task_id: str, cutoff: float
         connection.execute("DELETE FROM events WHERE task = ? AND seq < ?", (task_id, keep_from))
 
 
-def _within_age(
-    task_id: str, cutoff: float | None, query: Callable[[sqlite3.Connection], T], connection: sqlite3.Connection
-) -> T:
-    """`query`'s answer; _NeedsTrim instead if the task has an event created before `cutoff`."""
-    if cutoff is not None:
-        head = _first_created(connection, task_id)
-        if head is not None and head < cutoff:
-            raise _NeedsTrim(cutoff)
-    return query(connection)
+def _check_age(head_created: float | None, cutoff: float | None) -> None:
+    """Raise _NeedsTrim if the task's earliest event (created at `head_created`) is past its age."""
+    if cutoff is not None and head_created is not None and head_created < cutoff:
+        raise _NeedsTrim(cutoff)
 
 
 class SqliteEventLog(EventLog):
@@ -167,7 +168,7 @@ class SqliteEventLog(EventLog):
 
         def append(connection: sqlite3.Connection) -> bool:
             nonlocal first
-            state = connection.execute(_APPEND_STATE, (task_id,)).fetchone()
+            state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
             if state is None:
                 connection.execute("INSERT INTO logs (task) VALUES (?)", (task_id,))
                 state = (0, False, False, None, None, None)
@@ -217,11 +218,12 @@ class SqliteEventLog(EventLog):
 
         await self._write(task_id, seal)
 
-    async def _read(self, task_id: str, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `query` on a reader, first having the writer delete the task's events past their age."""
+    async def _read(self, query: Callable[[float | None, sqlite3.Connection], T], task_id: str) -> T:
+        """`query(cutoff, connection)` on a reader; when it finds events past their age (_NeedsTrim),
+        the writer deletes them first and the query runs again."""
         while True:
             try:
-                return await self._db.read(functools.partial(_within_age, task_id, self._cutoff(), query))
+                return await self._db.read(functools.partial(query, self._cutoff()))
             except _NeedsTrim as trim:
                 await self._write(task_id, trim.drop(task_id))
 
@@ -229,27 +231,26 @@ class SqliteEventLog(EventLog):
         if self._closed:
             return None
 
-        def select(connection: sqlite3.Connection) -> LogBounds | None:
-            log = _log_row(connection, task_id)
-            if log is None:
+        def select(cutoff: float | None, connection: sqlite3.Connection) -> LogBounds | None:
+            state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
+            if state is None:
                 return None
-            earliest = connection.execute("SELECT min(seq) FROM events WHERE task = ?", (task_id,)).fetchone()[0]
-            return LogBounds(earliest, log.next_seq, log.sealed or log.deleted)
+            next_seq, sealed, deleted, earliest, head_created, _ = state
+            _check_age(head_created, cutoff)
+            return LogBounds(earliest, next_seq, bool(sealed or deleted))
 
-        return await self._read(task_id, select)
+        return await self._read(select, task_id)
 
     async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
         if self._closed or limit <= 0:
             return []
 
-        def select(connection: sqlite3.Connection) -> list[StoredEvent]:
-            rows = connection.execute(
-                "SELECT seq, created, body FROM events WHERE task = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (task_id, after, limit),
-            )
-            return [StoredEvent(seq, created, body) for seq, created, body in rows]
+        def select(cutoff: float | None, connection: sqlite3.Connection) -> list[StoredEvent]:
+            rows = connection.execute(_READ_EVENTS, (task_id, after, limit)).fetchall()
+            _check_age(rows[0][3] if rows else _first_created(connection, task_id), cutoff)
+            return [StoredEvent(seq, created, body) for seq, created, body, _ in rows]
 
-        return await self._read(task_id, select)
+        return await self._read(select, task_id)
 
     async def wait(self, task_id: str, after: int, timeout: float) -> bool:
         loop = asyncio.get_running_loop()
