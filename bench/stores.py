@@ -4,7 +4,8 @@ For each `[store] kind` an in-process gateway (as `bench/tasks_stream.py resume`
 
 1. appends, batched: one writer appending 256 events per call, and 64 tasks each appending one event
    per call concurrently (what the gateway does when many tasks report at once: the SQLite store
-   commits each loop tick's appends in one transaction) — events/s;
+   commits each loop tick's appends in one transaction) — events/s; for SQLite also with
+   `synchronous = full` (a store of its own, outside the gateway);
 2. replay to one client: a sealed 100,000-event log read to its end over `tasks/stream` (HTTP, SSE) —
    events/s at the client, median of 3;
 3. resume at the tail of a 1,000,000-event log: the HTTP round trip of `tasks/stream after=N-2` to its
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -37,6 +39,8 @@ from gateway.app import REGISTRY, build_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.events.log import EventLog  # noqa: E402
 from gateway.protocol.era import Era  # noqa: E402
+from gateway.stores.sqlite import SqliteDatabase  # noqa: E402
+from gateway.stores.sqlite_log import SqliteEventLog  # noqa: E402
 from gateway.tasks.registry import TaskRegistry  # noqa: E402
 
 BODY = b'"type":"io.github.mcp-task-gateway.progress","payload":{"progress":1,"total":2,"message":"m"}'
@@ -122,9 +126,15 @@ async def bench(events: int) -> None:
             "sqlite": {"kind": "sqlite", "path": str(Path(tmp) / "gateway.db")},
         }
         results = {name: await bench_kind(store, events) for name, store in kinds.items()}
+        full = SqliteEventLog(SqliteDatabase(Path(tmp) / "full.db", "full"), events)
+        results["sqlite"]["full_batched"], results["sqlite"]["full_concurrent"] = await appends_per_second(full)
+        await full.close()
+    results["memory"]["full_batched"] = results["memory"]["full_concurrent"] = math.nan
     rows = (
         ("append_batched", f"appends, {BATCH} events per call, events/s", "≥ 50,000", "{:,.0f}"),
         ("append_concurrent", f"appends, {WRITERS} tasks appending 1 event per call, events/s", "≥ 50,000", "{:,.0f}"),
+        ("full_batched", f"… with `synchronous = full`, {BATCH} events per call", "", "{:,.0f}"),
+        ("full_concurrent", f"… with `synchronous = full`, {WRITERS} tasks appending 1 event per call", "", "{:,.0f}"),
         ("fill", f"filling the {events:,}-event log (10,000 per call), events/s", "", "{:,.0f}"),
         ("replay", f"replay of {REPLAY_EVENTS:,} events to one client (HTTP), events/s", "≥ 200,000", "{:,.0f}"),
         ("baseline", "tasks/get round trip (HTTP baseline), ms", "", "{:.2f}"),
@@ -135,7 +145,8 @@ async def bench(events: int) -> None:
     print("| measure | memory | sqlite | target |")
     print("|---|---|---|---|")
     for key, label, target, fmt in rows:
-        print(f"| {label} | {fmt.format(results['memory'][key])} | {fmt.format(results['sqlite'][key])} | {target} |")
+        memory, sqlite = (results[kind][key] for kind in ("memory", "sqlite"))
+        print(f"| {label} | {'—' if math.isnan(memory) else fmt.format(memory)} | {fmt.format(sqlite)} | {target} |")
 
 
 def main() -> None:
