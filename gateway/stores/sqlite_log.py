@@ -22,7 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, LogSealed, StoredEvent
+from gateway.events.log import (
+    DEFAULT_TOMBSTONE_TTL_S,
+    EventLog,
+    LogBounds,
+    LogSealed,
+    StoredEvent,
+    check_retention,
+)
 from gateway.stores.sqlite import SqliteDatabase
 
 __all__ = ["SqliteEventLog"]
@@ -127,10 +134,7 @@ class SqliteEventLog(EventLog):
         max_event_age_s: float = math.inf,
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
     ) -> None:
-        if max_events_per_task < 1:
-            raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
-        if not max_event_age_s > 0:
-            raise ValueError(f"max_event_age_s must be positive, got {max_event_age_s}")
+        check_retention(max_events_per_task, max_event_age_s)
         self._db = database.acquire()
         self._max_events = max_events_per_task
         self._max_age = max_event_age_s

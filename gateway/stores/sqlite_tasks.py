@@ -95,9 +95,7 @@ class SqliteTaskStore(TaskStore):
         outcome: bytes | None = None,
         outcome_summary: dict[str, object] | None = None,
     ) -> TaskRecord | None:
-        if outcome is not None and not status.terminal:
-            raise ValueError(f"only a terminal status keeps an outcome, not {status.value}")
-        self.check_outcome(outcome)
+        self.check_update(status, outcome)
 
         def update(connection: sqlite3.Connection) -> TaskRecord | None:
             row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
