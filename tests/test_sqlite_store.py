@@ -252,6 +252,33 @@ def test_a_corrupt_file_is_one_clear_line_at_start(tmp_path: Path) -> None:
     assert str(corrupt) in done.stderr and "not a database" in done.stderr
 
 
+def test_serve_refuses_to_start_on_a_corrupt_file(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a database, " * 100)
+    config = str(write_config(tmp_path, corrupt))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--config",
+            config,
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream-cmd",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2, done
+    assert "listening" not in done.stdout + done.stderr
+    assert done.stderr.splitlines()[-1].startswith("mcp-task-gateway: cannot use the SQLite store"), done.stderr
+
+
 def test_an_unusable_path_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("", encoding="utf-8")
