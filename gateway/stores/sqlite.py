@@ -188,6 +188,10 @@ class SqliteDatabase:
 
     async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run `job` on the writer connection in this tick's transaction; its result once committed."""
+        return await self.submit(job)
+
+    def submit(self, job: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """`write` as a future, resolved once committed (or failed); cancelling it cancels no write."""
         if self._closed:
             raise RuntimeError(f"the SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
@@ -195,7 +199,7 @@ class SqliteDatabase:
         if not self._pending:
             loop.call_soon(self._submit)
         self._pending.append((job, future))
-        return await future
+        return future
 
     def _submit(self) -> None:
         if self._pending:
