@@ -31,6 +31,9 @@ from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite_log import SqliteEventLog
+from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
@@ -71,17 +74,25 @@ class Stores:
 
 
 def build_stores(config: Config) -> Stores:
-    """The stores `[store] kind` names: the one place that knows the kinds."""
+    """The stores `[store] kind` names: the one place that knows the kinds. StoreUnavailable when
+    a durable store cannot be opened."""
     retention = config.retention
     kind = config.store.kind
+    cap = outcome_cap(retention)
+    max_age = retention.max_event_age_s
+    # A deleted log's tombstone keeps its next_seq as long as the task's record may still ask.
+    tombstone_ttl = config.tasks.max_ttl_ms / 1000
     if kind == "memory":
-        event_log = MemoryEventLog(
-            retention.max_events_per_task,
-            max_event_age_s=retention.max_event_age_s,
-            # A deleted log's tombstone keeps its next_seq as long as the task's record may still ask.
-            tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
+        memory_log = MemoryEventLog(
+            retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
-        return Stores(MemoryTaskStore(outcome_cap(retention)), event_log)
+        return Stores(MemoryTaskStore(cap), memory_log)
+    if kind == "sqlite":
+        database = SqliteDatabase(config.store.path, config.store.synchronous)
+        sqlite_log = SqliteEventLog(
+            database, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
+        )
+        return Stores(SqliteTaskStore(database, cap), sqlite_log)
     assert_never(kind)
 
 

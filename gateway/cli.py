@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from gateway import __version__
 from gateway.config import Config, ConfigError, describe_errors, load_config
+from gateway.stores.sqlite import StoreUnavailable
 
 EXIT_CODES = (
     "Exit codes: 0 completed (call --task, tasks list|get|cancel: done), 1 failed (or the tool's result has "
@@ -43,8 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     upstream.add_argument("--upstream-cmd", metavar="'CMD ARGS...'", help="stdio upstream command line")
 
-    check = commands.add_parser("check-config", help="validate a config file and exit")
+    check = commands.add_parser(
+        "check-config",
+        help="validate a config file and exit",
+        description="Validate a config file: exit 0 if usable, 2 with one line saying what is wrong.",
+    )
     check.add_argument("path")
+    check.add_argument(
+        "--connect", action="store_true", help="also open the configured store (creating a SQLite file), then close it"
+    )
 
     call = commands.add_parser(
         "call",
@@ -147,6 +155,14 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
         raise ConfigError(f"command line: {describe_errors(exc)}") from None
 
 
+async def _connect_stores(config: Config) -> None:
+    """Open the configured stores and close them again (StoreUnavailable if they cannot be opened)."""
+    from gateway.app import build_stores
+
+    stores = build_stores(config)
+    await stores.close()
+
+
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import serve
     from gateway.logs import setup_logging
@@ -176,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "check-config":
-            load_config(args.path)
+            config = load_config(args.path)
+            if args.connect:
+                asyncio.run(_connect_stores(config))
             print(f"{args.path}: ok")
             return 0
         if args.command == "tail":
@@ -218,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return demo.main(keep=args.keep, upstream_cmd=args.upstream_cmd)
         return _serve(args)
-    except ConfigError as exc:
+    except (ConfigError, StoreUnavailable) as exc:
         print(f"mcp-task-gateway: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -169,8 +169,15 @@ class RetentionConfig(_Section):
 
 
 class StoreConfig(_Section):
-    kind: Literal["memory"] = "memory"
-    """Where task records and event logs live. "memory": in this process, lost on restart."""
+    kind: Literal["memory", "sqlite"] = "memory"
+    """Where task records and event logs live. "memory": in this process, lost on restart; "sqlite":
+    one SQLite file on this host (`path`), kept across restarts."""
+    path: str = Field(default="data/gateway.db", min_length=1)
+    """The SQLite file (kind "sqlite"), relative to the working directory; its directory is created
+    on first start."""
+    synchronous: Literal["normal", "full"] = "normal"
+    """SQLite's `synchronous` (kind "sqlite"): "normal" survives a crash of the process, "full" also
+    a power loss (every commit waits for the disk)."""
 
 
 class CaptureRule(_Section):

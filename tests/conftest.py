@@ -342,3 +342,22 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """One aiohttp session for a test module's raw-protocol requests."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         yield session
+
+
+# ------------------------------------------------------------------------------------------ SQLite store files
+
+_sqlite_directories: list[Path] = []
+
+
+@pytest.fixture
+def sqlite_directory(tmp_path: Path) -> Iterator[Path]:
+    """The test's tmp_path, where ``fresh_sqlite_file()`` makes files while the test runs (store factories
+    in the contract suites are plain functions, called many times per test by the state machines)."""
+    _sqlite_directories.append(tmp_path)
+    yield tmp_path
+    _sqlite_directories.remove(tmp_path)
+
+
+def fresh_sqlite_file() -> Path:
+    """A path for a new SQLite store file under the running test's ``sqlite_directory``."""
+    return Path(tempfile.mkdtemp(dir=_sqlite_directories[-1])) / "gateway.db"

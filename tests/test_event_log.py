@@ -19,6 +19,7 @@ import asyncio
 import math
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
@@ -34,6 +35,9 @@ from hypothesis.stateful import (
 )
 
 from gateway.events.log import EventLog, LogBounds, LogSealed, MemoryEventLog, StoredEvent
+from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite_log import SqliteEventLog
+from tests.conftest import fresh_sqlite_file
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -64,9 +68,21 @@ def _memory_store(
     return MemoryEventLog(max_events_per_task, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=tombstone_ttl_s)
 
 
+def _sqlite_store(
+    *, max_events_per_task: int, clock: Clock, max_event_age_s: float, tombstone_ttl_s: float
+) -> EventLog:
+    return SqliteEventLog(
+        SqliteDatabase(fresh_sqlite_file()),
+        max_events_per_task,
+        clock,
+        max_event_age_s=max_event_age_s,
+        tombstone_ttl_s=tombstone_ttl_s,
+    )
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
-    # pytest.param(_redis_store, id="redis", marks=needs_redis),  # one more line per store
+    pytest.param(_sqlite_store, id="sqlite"),
 ]
 
 DEFAULT_MAX_EVENTS = 100_000
@@ -74,7 +90,7 @@ DEFAULT_TOMBSTONE_TTL_S = 3600.0
 
 
 @pytest.fixture(params=STORES)
-def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+def store_factory(request: pytest.FixtureRequest, sqlite_directory: Path) -> StoreFactory:
     factory: StoreFactory = request.param
     return factory
 

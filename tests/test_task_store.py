@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -28,9 +29,12 @@ from gateway.app import build_stores
 from gateway.config import Config, RetentionConfig
 from gateway.events.log import MemoryEventLog
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import OUTCOME_OVERHEAD_BYTES, bounded, evicted_outcome, outcome_cap
 from gateway.tasks.store import InvalidCursor, OutcomeTooLarge, TaskExists, TaskStore
+from tests.conftest import fresh_sqlite_file
 
 T = TypeVar("T")
 
@@ -47,14 +51,18 @@ def _memory_store(*, max_outcome_bytes: int) -> TaskStore:
     return MemoryTaskStore(max_outcome_bytes)
 
 
+def _sqlite_store(*, max_outcome_bytes: int) -> TaskStore:
+    return SqliteTaskStore(SqliteDatabase(fresh_sqlite_file()), max_outcome_bytes)
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
-    # pytest.param(_sqlite_store, id="sqlite"),  # one more line per store
+    pytest.param(_sqlite_store, id="sqlite"),
 ]
 
 
 @pytest.fixture(params=STORES)
-def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+def store_factory(request: pytest.FixtureRequest, sqlite_directory: Path) -> StoreFactory:
     factory: StoreFactory = request.param
     return factory
 
@@ -402,7 +410,9 @@ records = st.builds(
     expires_at=st.floats(allow_nan=False, allow_infinity=False),
     status=st.sampled_from(TaskStatus),
     status_message=st.none() | st.text(max_size=16),
-    outcome_summary=st.none() | st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=3),
+    # JSON integers, as the gateway parses them (orjson: 64-bit): what a durable store can write.
+    outcome_summary=st.none()
+    | st.dictionaries(st.text(max_size=6), st.integers(-(2**63), 2**63 - 1) | st.text(max_size=6), max_size=3),
     upstream=st.none() | st.builds(UpstreamTaskRef, st.text(max_size=8), st.text(max_size=8)),
     next_seq=st.integers(0, 2**53),
 )

@@ -38,7 +38,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["EventLog", "LogBounds", "LogSealed", "MemoryEventLog", "StoredEvent"]
+__all__ = ["EventLog", "LogBounds", "LogSealed", "MemoryEventLog", "StoredEvent", "check_retention"]
 
 DEFAULT_TOMBSTONE_TTL_S = 86_400.0
 """How long a deleted log's tombstone lives unless the store is told otherwise: the longest task TTL
@@ -142,6 +142,14 @@ class EventLog(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release the store: wake every waiter (they get ``False``); later appends and creates fail."""
+
+
+def check_retention(max_events_per_task: int, max_event_age_s: float) -> None:
+    """Raise ValueError unless the per-task limits can be kept (every store checks them alike)."""
+    if max_events_per_task < 1:
+        raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
+    if not max_event_age_s > 0:
+        raise ValueError(f"max_event_age_s must be positive, got {max_event_age_s}")
 
 
 _new = object.__new__
@@ -263,10 +271,7 @@ class MemoryEventLog(EventLog):
         max_event_age_s: float = math.inf,
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
     ) -> None:
-        if max_events_per_task < 1:
-            raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
-        if not max_event_age_s > 0:
-            raise ValueError(f"max_event_age_s must be positive, got {max_event_age_s}")
+        check_retention(max_events_per_task, max_event_age_s)
         self._max_events = max_events_per_task
         self._max_age = max_event_age_s
         self._tombstone_ttl = tombstone_ttl_s

@@ -89,9 +89,7 @@ class MemoryTaskStore(TaskStore):
         outcome: bytes | None = None,
         outcome_summary: dict[str, object] | None = None,
     ) -> TaskRecord | None:
-        if outcome is not None and not status.terminal:
-            raise ValueError(f"only a terminal status keeps an outcome, not {status.value}")
-        self.check_outcome(outcome)
+        self.check_update(status, outcome)
         record = self._lookup(task_id)
         if record is None or record.terminal or record.status is not expected:
             return None

@@ -61,6 +61,13 @@ class TaskStore(ABC):
                 f"an outcome of {len(outcome)} bytes exceeds the store's cap of {self.max_outcome_bytes} bytes"
             )
 
+    def check_update(self, status: TaskStatus, outcome: bytes | None) -> None:
+        """Raise before an `update_status` writes: ValueError for an outcome on a non-terminal status,
+        OutcomeTooLarge for one over the cap."""
+        if outcome is not None and not status.terminal:
+            raise ValueError(f"only a terminal status keeps an outcome, not {status.value}")
+        self.check_outcome(outcome)
+
     @abstractmethod
     async def create(self, record: TaskRecord) -> None:
         """Store a new record; TaskExists if its id is taken."""

@@ -1,0 +1,284 @@
+"""The SQLite database both durable embedded stores share: one file, its schema, one writer, many readers.
+
+`SqliteTaskStore` (`gateway.stores.sqlite_tasks`) and `SqliteEventLog` (`gateway.stores.sqlite_log`) keep
+their tables in one file opened here. The file is in WAL mode (readers never block the writer, nor it
+them), with `synchronous = NORMAL` (a commit survives a crash of the process, the last ones may be lost
+on power loss) or `FULL` (every commit is on disk). WAL needs shared memory between the connections:
+one host only, never a network filesystem; and one process per file, held by a lock on `<path>.lock`.
+
+Nothing here blocks the event loop. Every write is a function run on the one writer connection, on a
+thread of its own: the writes a loop tick submits (and any that queue up while a commit runs) run in
+one transaction, committed once, and each caller's future resolves after the commit. A write function
+refuses (raises) before it changes anything; an SQLite error fails every write of its batch. Reads run
+on a small pool of threads, each with its own read-only connection, and see every committed write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any, Literal, TypeVar
+
+__all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"]
+
+T = TypeVar("T")
+Synchronous = Literal["normal", "full"]
+
+SCHEMA_VERSION = 1
+"""`PRAGMA user_version` of the files this code writes; a file with another (non-zero) one is refused."""
+
+READER_THREADS = 2
+"""Read connections (one per thread): the machines this targets have a few cores."""
+
+BUSY_TIMEOUT_MS = 5000
+"""How long a connection waits for a lock (a checkpoint, start-up) before an error."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    number INTEGER PRIMARY KEY AUTOINCREMENT,  -- creation order: list_owned's order and cursor, never reused
+    id TEXT NOT NULL UNIQUE,
+    owner TEXT NOT NULL,
+    status TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    next_seq INTEGER NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,  -- the owner's fencing epoch, for a takeover after a restart
+    record BLOB NOT NULL,  -- TaskRecord.to_dict() as JSON; status and next_seq above are authoritative
+    outcome BLOB
+);
+CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, number);
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
+CREATE INDEX IF NOT EXISTS tasks_unfinished ON tasks (status) WHERE status IN ('working', 'input_required');
+
+CREATE TABLE IF NOT EXISTS logs (
+    task TEXT PRIMARY KEY,
+    next_seq INTEGER NOT NULL DEFAULT 0,  -- never goes back: deleting events never resets a sequence
+    sealed INTEGER NOT NULL DEFAULT 0,
+    tombstone_until REAL  -- set by delete: the events are gone, the row keeps next_seq until then
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS logs_tombstones ON logs (tombstone_until) WHERE tombstone_until IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS events (
+    task TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    created REAL NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (task, seq)
+) WITHOUT ROWID;
+"""
+
+Write = Callable[[sqlite3.Connection], Any]
+_Job = tuple[Write, "asyncio.Future[Any]"]
+_Batch = tuple[asyncio.AbstractEventLoop, list[_Job]]
+
+
+class StoreUnavailable(Exception):
+    """The configured store cannot be opened or used; the message says which file and why, on one line."""
+
+
+class SqliteDatabase:
+    """One database file: its writer thread and connection, its reader threads and connections.
+
+    Opened (file, directory, pragmas, schema) synchronously by the constructor, before the gateway
+    serves: StoreUnavailable if that fails. Each store holding it calls `acquire` once and `release`
+    when it closes; the last release closes the file.
+    """
+
+    def __init__(self, path: str | Path, synchronous: Synchronous = "normal") -> None:
+        self.path = Path(path)
+        self.synchronous = synchronous
+        self._lock = self._take_lock()
+        try:
+            self._writer = self._open_writer()
+        except StoreUnavailable:
+            self._lock.close()
+            raise
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._pending: list[_Job] = []
+        """Writes submitted during the current loop tick, handed to the writer at its end."""
+        self._thread = threading.Thread(target=self._write_batches, name=f"sqlite-writer:{self.path.name}", daemon=True)
+        self._thread.start()
+        self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix=f"sqlite-reader:{self.path.name}")
+        self._reader_local = threading.local()
+        self._reader_connections: list[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+
+    # -- opening
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        return connection
+
+    def _take_lock(self) -> IO[bytes]:
+        """Hold `<path>.lock` while open: a second process on the same file would write the same seqs
+        and wake none of this one's waiters."""
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(lock_path, "ab")  # noqa: SIM115 - held until the database closes
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {self.path}: {_reason(exc)}") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise StoreUnavailable(f"the SQLite store {self.path} is in use by another gateway process") from None
+        return lock
+
+    def _open_writer(self) -> sqlite3.Connection:
+        where = str(self.path)
+        try:
+            connection = self._connect()
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {where}: {_reason(exc)}") from None
+        try:
+            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise StoreUnavailable(f"the SQLite store {where} cannot use WAL (journal mode {mode!r})")
+            connection.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreUnavailable(
+                    f"the SQLite store {where} has schema version {version}; this gateway knows {SCHEMA_VERSION}"
+                )
+            connection.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+        except sqlite3.Error as exc:
+            connection.close()
+            raise StoreUnavailable(f"cannot use the SQLite store {where}: {_reason(exc)}") from None
+        except StoreUnavailable:
+            connection.close()
+            raise
+        return connection
+
+    # -- lifetime
+
+    def acquire(self) -> SqliteDatabase:
+        self._users += 1
+        return self
+
+    async def release(self) -> None:
+        """One holder is done; the last one closes the file (after the writes already submitted)."""
+        self._users -= 1
+        if self._users > 0 or self._closed:
+            return
+        self._closed = True
+        self._submit()
+        self._jobs.put(None)
+        await asyncio.to_thread(self._shut_down)
+
+    def _shut_down(self) -> None:
+        self._thread.join()
+        self._readers.shutdown(wait=True)
+        with self._reader_lock:
+            for connection in self._reader_connections:
+                connection.close()
+        self._writer.close()
+        self._lock.close()
+
+    # -- writes
+
+    async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `job` on the writer connection in this tick's transaction; its result once committed."""
+        return await self.submit(job)
+
+    def submit(self, job: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """`write` as a future, resolved once committed (or failed); cancelling it cancels no write."""
+        if self._closed:
+            raise RuntimeError(f"the SQLite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._submit)
+        self._pending.append((job, future))
+        return future
+
+    def _submit(self) -> None:
+        if self._pending:
+            jobs, self._pending = self._pending, []
+            self._jobs.put((asyncio.get_running_loop(), jobs))
+
+    def _write_batches(self) -> None:
+        """The writer thread: take every batch queued, run them in one transaction, commit, answer."""
+        stopping = False
+        while not stopping:
+            first = self._jobs.get()
+            if first is None:
+                return
+            batches = [first]
+            while not self._jobs.empty():
+                more = self._jobs.get()
+                if more is None:
+                    stopping = True
+                    break
+                batches.append(more)
+            results = self._transaction([job for _, jobs in batches for job, _ in jobs])
+            index = 0
+            for loop, jobs in batches:
+                answered = results[index : index + len(jobs)]
+                index += len(jobs)
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                    loop.call_soon_threadsafe(_answer, [future for _, future in jobs], answered)
+
+    def _transaction(self, jobs: list[Write]) -> list[tuple[bool, Any]]:
+        """Run `jobs` in one transaction: (True, result) or (False, exception) for each, in order."""
+        results: list[tuple[bool, Any]] = []
+        connection = self._writer
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            for job in jobs:
+                try:
+                    results.append((True, job(connection)))
+                except sqlite3.Error:
+                    raise
+                except Exception as exc:  # a refusal: the job changed nothing
+                    results.append((False, exc))
+            connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            failure = StoreUnavailable(f"the SQLite store {self.path} failed a write: {_reason(exc)}")
+            return [(False, failure)] * len(jobs)
+        return results
+
+    # -- reads
+
+    async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `query` on a read connection (off the loop); it sees every write committed before."""
+        if self._closed:
+            raise RuntimeError(f"the SQLite store {self.path} is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._readers, self._on_reader, query)
+
+    def _on_reader(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        connection: sqlite3.Connection | None = getattr(self._reader_local, "connection", None)
+        if connection is None:
+            connection = self._reader_local.connection = self._connect()
+            connection.execute("PRAGMA query_only = ON")
+            with self._reader_lock:
+                self._reader_connections.append(connection)
+        return query(connection)
+
+
+def _answer(futures: list[asyncio.Future[Any]], results: list[tuple[bool, Any]]) -> None:
+    for future, (ok, value) in zip(futures, results, strict=True):
+        if future.done():  # the caller was cancelled; its write happened all the same
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line: an OSError's strerror and file name, an SQLite error's message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,161 @@
+"""The durable embedded `TaskStore`: task records and kept outcomes in the `tasks` table of a SQLite file.
+
+One row per task: the record as JSON (`TaskRecord.to_dict`), with the columns the store queries or
+changes on its own beside it (owner, status, expiry, the log's `next_seq`) and the terminal outcome's
+bytes. The row's autoincrement `number` is the creation order: `list_owned`'s order and cursor, never
+reused, also across restarts. Compare-and-set updates are atomic because one writer runs them all
+(`gateway.stores.sqlite`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+
+import orjson
+
+from gateway.stores.sqlite import SqliteDatabase
+from gateway.tasks.records import TaskRecord, TaskStatus
+from gateway.tasks.store import InvalidCursor, TaskExists, TaskPage, TaskStore
+
+__all__ = ["SqliteTaskStore"]
+
+_COLUMNS = "record, status, next_seq"
+"""What a record is read back from (`_record`)."""
+
+
+def _record(row: tuple[bytes, str, int]) -> TaskRecord:
+    data, status, next_seq = row
+    return TaskRecord.from_dict({**orjson.loads(data), "status": status, "next_seq": next_seq})
+
+
+class SqliteTaskStore(TaskStore):
+    """Records by id in one SQLite file, each owner's in creation order, the kept outcomes beside them."""
+
+    def __init__(self, database: SqliteDatabase, max_outcome_bytes: int) -> None:
+        super().__init__(max_outcome_bytes)
+        self._db = database.acquire()
+
+    async def create(self, record: TaskRecord) -> None:
+        def insert(connection: sqlite3.Connection) -> None:
+            inserted = connection.execute(
+                "INSERT INTO tasks (id, owner, status, expires_at, next_seq, record) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO NOTHING",
+                (
+                    record.id,
+                    record.owner,
+                    record.status.value,
+                    record.expires_at,
+                    record.next_seq,
+                    orjson.dumps(record.to_dict()),
+                ),
+            )
+            if inserted.rowcount == 0:
+                raise TaskExists(f"a task with id {record.id!r} exists")
+
+        await self._db.write(insert)
+
+    async def get(self, owner: str, task_id: str) -> TaskRecord | None:
+        record = await self.find(task_id)
+        return record if record is not None and record.owner == owner else None
+
+    async def find(self, task_id: str) -> TaskRecord | None:
+        def select(connection: sqlite3.Connection) -> TaskRecord | None:
+            row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            return None if row is None else _record(row)
+
+        return await self._db.read(select)
+
+    async def list_owned(self, owner: str, cursor: str | None, limit: int) -> TaskPage:
+        def select(connection: sqlite3.Connection) -> TaskPage:
+            after = 0
+            if cursor is not None:
+                last = connection.execute("SELECT seq FROM sqlite_sequence WHERE name = 'tasks'").fetchone()
+                if not cursor.isdigit() or int(cursor) > (last[0] if last else 0):
+                    raise InvalidCursor(f"unknown cursor {cursor!r}")
+                after = int(cursor)
+            rows = connection.execute(
+                f"SELECT number, {_COLUMNS} FROM tasks WHERE owner = ? AND number > ? ORDER BY number LIMIT ?",
+                (owner, after, limit + 1),
+            ).fetchall()
+            page = [_record(row[1:]) for row in rows[:limit]]
+            more = len(rows) > limit and limit > 0
+            return TaskPage(page, str(rows[limit - 1][0]) if more else None)
+
+        return await self._db.read(select)
+
+    async def update_status(
+        self,
+        task_id: str,
+        expected: TaskStatus,
+        status: TaskStatus,
+        message: str | None,
+        updated_at: str,
+        *,
+        outcome: bytes | None = None,
+        outcome_summary: dict[str, object] | None = None,
+    ) -> TaskRecord | None:
+        self.check_update(status, outcome)
+
+        def update(connection: sqlite3.Connection) -> TaskRecord | None:
+            row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                return None
+            record = _record(row)
+            if record.terminal or record.status is not expected:
+                return None
+            record = dataclasses.replace(
+                record,
+                status=status,
+                status_message=message,
+                last_updated_at=updated_at,
+                outcome_summary=outcome_summary if status.terminal else record.outcome_summary,
+            )
+            connection.execute(
+                "UPDATE tasks SET status = ?, record = ?, outcome = coalesce(?, outcome) WHERE id = ?",
+                (status.value, orjson.dumps(record.to_dict()), outcome, task_id),
+            )
+            return record
+
+        return await self._db.write(update)
+
+    async def outcome(self, task_id: str) -> bytes | None:
+        def select(connection: sqlite3.Connection) -> bytes | None:
+            row = connection.execute("SELECT outcome FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            return None if row is None else row[0]
+
+        return await self._db.read(select)
+
+    async def replace_outcome(self, task_id: str, outcome: bytes) -> bool:
+        self.check_outcome(outcome)
+        terminal = tuple(status.value for status in TaskStatus if status.terminal)
+
+        def update(connection: sqlite3.Connection) -> bool:
+            changed = connection.execute(
+                "UPDATE tasks SET outcome = ? WHERE id = ? AND status IN (?, ?, ?)", (outcome, task_id, *terminal)
+            )
+            return changed.rowcount > 0
+
+        return await self._db.write(update)
+
+    async def advance_next_seq(self, task_id: str, next_seq: int) -> None:
+        def update(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "UPDATE tasks SET next_seq = ? WHERE id = ? AND next_seq < ?", (next_seq, task_id, next_seq)
+            )
+
+        await self._db.write(update)
+
+    async def expire(self, now: float) -> list[TaskRecord]:
+        def delete(connection: sqlite3.Connection) -> list[TaskRecord]:
+            rows = connection.execute(
+                f"SELECT {_COLUMNS} FROM tasks WHERE expires_at <= ? ORDER BY number", (now,)
+            ).fetchall()
+            if rows:
+                connection.execute("DELETE FROM tasks WHERE expires_at <= ?", (now,))
+            return [_record(row) for row in rows]
+
+        return await self._db.write(delete)
+
+    async def close(self) -> None:
+        await self._db.release()
