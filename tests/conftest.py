@@ -342,3 +342,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """One aiohttp session for a test module's raw-protocol requests."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         yield session
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the session's own redis-server, if a store test started one (tests/redis_server.py)."""
+    from tests.redis_server import stop_shared_redis
+
+    stop_shared_redis()

@@ -34,6 +34,8 @@ from hypothesis.stateful import (
 )
 
 from gateway.events.log import EventLog, LogBounds, LogSealed, MemoryEventLog, StoredEvent
+from gateway.stores.redis import RedisBackend, RedisEventLog
+from tests.redis_server import fresh_prefix, shared_redis_url
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -64,9 +66,16 @@ def _memory_store(
     return MemoryEventLog(max_events_per_task, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=tombstone_ttl_s)
 
 
+def _redis_store(*, max_events_per_task: int, clock: Clock, max_event_age_s: float, tombstone_ttl_s: float) -> EventLog:
+    backend = RedisBackend(shared_redis_url(), fresh_prefix())
+    return RedisEventLog(
+        backend, max_events_per_task, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=tombstone_ttl_s
+    )
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
-    # pytest.param(_redis_store, id="redis", marks=needs_redis),  # one more line per store
+    pytest.param(_redis_store, id="redis"),
 ]
 
 DEFAULT_MAX_EVENTS = 100_000

@@ -28,9 +28,11 @@ from gateway.app import build_stores
 from gateway.config import Config, RetentionConfig
 from gateway.events.log import MemoryEventLog
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.redis import RedisBackend, RedisTaskStore
 from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import OUTCOME_OVERHEAD_BYTES, bounded, evicted_outcome, outcome_cap
 from gateway.tasks.store import InvalidCursor, OutcomeTooLarge, TaskExists, TaskStore
+from tests.redis_server import fresh_prefix, shared_redis_url
 
 T = TypeVar("T")
 
@@ -47,9 +49,13 @@ def _memory_store(*, max_outcome_bytes: int) -> TaskStore:
     return MemoryTaskStore(max_outcome_bytes)
 
 
+def _redis_store(*, max_outcome_bytes: int) -> TaskStore:
+    return RedisTaskStore(RedisBackend(shared_redis_url(), fresh_prefix()), max_outcome_bytes)
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
-    # pytest.param(_sqlite_store, id="sqlite"),  # one more line per store
+    pytest.param(_redis_store, id="redis"),
 ]
 
 
