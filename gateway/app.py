@@ -31,6 +31,7 @@ from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
@@ -64,6 +65,14 @@ class Stores:
 
     tasks: TaskStore
     log: EventLog
+    check: Callable[[], Awaitable[list[str]]] | None = None
+    """Reaches the store's server and returns warnings about its settings (None: nothing to reach)."""
+
+    async def open(self) -> None:
+        """Check the store at start-up: fails if its server is unreachable, logs a warning per bad setting."""
+        if self.check is not None:
+            for warning in await self.check():
+                log.warning(warning)
 
     async def close(self) -> None:
         await self.log.close()
@@ -82,6 +91,16 @@ def build_stores(config: Config) -> Stores:
             tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
         )
         return Stores(MemoryTaskStore(outcome_cap(retention)), event_log)
+    if kind == "redis":
+        backend = RedisBackend(config.store.url, config.store.key_prefix)
+        redis_log = RedisEventLog(
+            backend,
+            retention.max_events_per_task,
+            max_event_age_s=retention.max_event_age_s,
+            tombstone_ttl_s=config.tasks.max_ttl_ms / 1000,
+        )
+        tasks = RedisTaskStore(backend, outcome_cap(retention), terminal_retention_s=retention.terminal_retention_s)
+        return Stores(tasks, redis_log, backend.check)
     assert_never(kind)
 
 
@@ -199,6 +218,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         server_logger.addFilter(framing_errors)
+        await stores.open()
         await upstream.start()
         sessions.start()
         registry.start()

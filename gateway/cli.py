@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("path")
+    check.add_argument(
+        "--connect", action="store_true", help="also reach the configured store and check its settings (exit 1 if down)"
+    )
 
     call = commands.add_parser(
         "call",
@@ -172,11 +175,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_store(path: str, config: Config) -> int:
+    """`check-config --connect`: reach the store (0 reachable, its warnings printed; 1 not reachable)."""
+    from gateway.app import build_stores
+
+    async def check() -> list[str]:
+        stores = build_stores(config)
+        try:
+            return await stores.check() if stores.check is not None else []
+        finally:
+            await stores.close()
+
+    try:
+        warnings = asyncio.run(check())
+    except Exception as exc:  # whatever the store's client raises when its server cannot be reached
+        print(f"mcp-task-gateway: {path}: store {config.store.kind!r} not reachable: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"mcp-task-gateway: warning: {warning}", file=sys.stderr)
+    print(f"{path}: ok (store {config.store.kind!r} reachable)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "check-config":
-            load_config(args.path)
+            config = load_config(args.path)
+            if args.connect:
+                return _check_store(args.path, config)
             print(f"{args.path}: ok")
             return 0
         if args.command == "tail":

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from typing import Any
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -56,6 +59,7 @@ SWEEP_GRACE_S = 60.0
 record to its registry before Redis drops it (after the retention the id already reads as unknown)."""
 RECONNECT_DELAY_S = 0.2
 MAX_CONNECTIONS = 32
+RETRIES = 5
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 """What an unreachable or restarting server raises."""
 _IMMUTABLE = ("id", "owner", "tool", "dialect", "ttl_ms", "poll_interval_ms", "created_at", "expires_at", "upstream")
@@ -117,6 +121,10 @@ class RedisKeys:
         """The task's hash and stream (one hash tag)."""
         base = f"{self.prefix}{{t:{task_id}}}"
         return base + ":h", base + ":s"
+
+    def acks(self, task_id: str) -> str:
+        """The answers of the task's appends in the last pipeline (what makes a retried pipeline safe)."""
+        return f"{self.prefix}{{t:{task_id}}}:a"
 
     def channel(self, task_id: str) -> str:
         return f"{self.prefix}{{t:{task_id}}}:w"
@@ -205,8 +213,9 @@ class _AppendPipeline:
     async def _execute(self, batch: list[_Pending]) -> list[Any]:
         pipe: Pipeline = self._client.pipeline(transaction=False)
         sha = self._script.sha
-        for pending in batch:
-            pipe.evalsha(sha, len(pending.keys), *pending.keys, *pending.args)
+        batch_id = secrets.token_hex(8)  # with the index, what a retried pipeline's appends are known by
+        for index, pending in enumerate(batch):
+            pipe.evalsha(sha, len(pending.keys), *pending.keys, *pending.args[:7], batch_id, index, *pending.args[7:])
         return list(await pipe.execute(raise_on_error=False))
 
 
@@ -299,8 +308,14 @@ class RedisBackend:
 
     def __init__(self, url: str, prefix: str) -> None:
         # A bounded pool: many waiting readers share a few connections instead of opening one each.
+        # Commands (and append pipelines, which the acks make safe to replay) are retried a few times on a
+        # lost connection, which covers a server restart of about a second.
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=MAX_CONNECTIONS, socket_connect_timeout=5.0, socket_timeout=30.0
+            url,
+            max_connections=MAX_CONNECTIONS,
+            socket_connect_timeout=5.0,
+            socket_timeout=30.0,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
         )
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.keys = RedisKeys(prefix)
@@ -575,7 +590,7 @@ class RedisEventLog(EventLog):
         not exist and `WriterFenced` if its epoch is not `epoch`: nothing is appended either way."""
         if self._closed:
             raise RuntimeError("the event log is closed")
-        keys = list(self._keys.task(task_id))
+        keys = [*self._keys.task(task_id), self._keys.acks(task_id)]
         args: list[Any] = [repr(self._clock()), self._max_events, self._cutoff(), int(seal), int(epilogue)]
         args += ["" if epoch is None else str(epoch), self._keys.channel(task_id), *bodies]
         return int(await self._backend.appends.run(keys, args))

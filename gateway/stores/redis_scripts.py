@@ -189,11 +189,22 @@ return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 APPEND = (
     _COMMON
     + """
--- KEYS: task hash, stream. ARGV: now, max_events, cutoff ('' none), seal, epilogue, epoch ('' unfenced),
--- channel, bodies... The seq of the first body.
-local hash, stream = KEYS[1], KEYS[2]
+-- KEYS: task hash, stream, acks hash. ARGV: now, max_events, cutoff ('' none), seal, epilogue, epoch
+-- ('' unfenced), channel, batch, token, bodies... The seq of the first body.
+local hash, stream, acks = KEYS[1], KEYS[2], KEYS[3]
 local now, max_events, cutoff = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local seal, epilogue, epoch, channel = ARGV[4] == '1', ARGV[5] == '1', ARGV[6], ARGV[7]
+local batch, token = ARGV[8], ARGV[9]
+-- A pipeline retried after a lost connection replays its appends: the ones that already ran answer
+-- what they answered then instead of appending twice (the acks hash holds the last batch's answers).
+if redis.call('HGET', acks, 'batch') == batch then
+  local done = redis.call('HGET', acks, token)
+  if done then return tonumber(done) end
+else
+  redis.call('DEL', acks)
+  redis.call('HSET', acks, 'batch', batch)
+  redis.call('PEXPIRE', acks, 60000)
+end
 local state = redis.call('HMGET', hash, 'log', 'next_seq', 'sealed', 'deleted', 'last_t', 'owner', 'epoch')
 if epoch ~= '' then
   -- A fenced writer: the task must still exist (not expired) and still be its to write.
@@ -206,14 +217,14 @@ if state[4] == '1' then return redis.error_reply('LOG_DELETED the log is deleted
 if state[3] == '1' and not epilogue then return redis.error_reply('LOG_SEALED the log is sealed') end
 ensure_log(hash)
 local first = tonumber(state[2] or '0')
-local count = #ARGV - 7
+local count = #ARGV - 9
 if count > 0 then
   local at = now
   local last = state[5]
   -- Never older than the last retained event, so age trimming can stop at the first young entry.
   if last and tonumber(last) > tonumber(now) and redis.call('XLEN', stream) > 0 then at = last end
   for i = 1, count do
-    redis.call('XADD', stream, 'MAXLEN', '~', max_events, '0-' .. (first + i), 't', at, 'd', ARGV[7 + i])
+    redis.call('XADD', stream, 'MAXLEN', '~', max_events, '0-' .. (first + i), 't', at, 'd', ARGV[9 + i])
   end
   redis.call('HSET', hash, 'next_seq', first + count, 'last_t', at)
   local left = redis.call('PTTL', hash)
@@ -222,6 +233,7 @@ if count > 0 then
 end
 if seal then redis.call('HSET', hash, 'sealed', '1') end
 if count > 0 or seal then redis.call('PUBLISH', channel, first + count) end
+redis.call('HSET', acks, token, first)
 return first
 """
 )
