@@ -267,9 +267,10 @@ async def test_a_replayed_append_pipeline_appends_once(replica: Pair) -> None:
     """redis-py replays a pipeline whose connection broke; an append that had already run answers again."""
     keys = [*replica.backend.keys.task("t"), replica.backend.keys.acks("t")]
     script = replica.backend.scripts.append
-    args: list[str | int | bytes] = [repr(NOW), 1000, "", 0, 0, "", replica.backend.keys.channel("t"), "batch-1", 0, b"a", b"b"]
+    header = f"{NOW!r} 1000 - 00 -"
+    args: list[str | bytes] = [f"{header} batch-1 0", b"a", b"b"]
     assert await script(keys=keys, args=args) == 0
     assert await script(keys=keys, args=args) == 0  # the replay: same batch, same index
     assert await all_events(replica.log, "t") == [b"a", b"b"]
-    assert await script(keys=keys, args=[*args[:7], "batch-2", 0, b"c"]) == 2  # a new batch appends
+    assert await script(keys=keys, args=[f"{header} batch-2 0", b"c"]) == 2  # a new batch appends
     assert await all_events(replica.log, "t") == [b"a", b"b", b"c"]

@@ -215,7 +215,8 @@ class _AppendPipeline:
         sha = self._script.sha
         batch_id = secrets.token_hex(8)  # with the index, what a retried pipeline's appends are known by
         for index, pending in enumerate(batch):
-            pipe.evalsha(sha, len(pending.keys), *pending.keys, *pending.args[:7], batch_id, index, *pending.args[7:])
+            header, *bodies = pending.args
+            pipe.evalsha(sha, len(pending.keys), *pending.keys, f"{header} {batch_id} {index}", *bodies)
         return list(await pipe.execute(raise_on_error=False))
 
 
@@ -591,9 +592,9 @@ class RedisEventLog(EventLog):
         if self._closed:
             raise RuntimeError("the event log is closed")
         keys = [*self._keys.task(task_id), self._keys.acks(task_id)]
-        args: list[Any] = [repr(self._clock()), self._max_events, self._cutoff(), int(seal), int(epilogue)]
-        args += ["" if epoch is None else str(epoch), self._keys.channel(task_id), *bodies]
-        return int(await self._backend.appends.run(keys, args))
+        fenced = "-" if epoch is None else str(epoch)
+        header = f"{self._clock()!r} {self._max_events} {self._cutoff() or '-'} {int(seal)}{int(epilogue)} {fenced}"
+        return int(await self._backend.appends.run(keys, [header, *bodies]))
 
     async def create(self, task_id: str) -> None:
         if self._closed:

@@ -189,12 +189,19 @@ return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 APPEND = (
     _COMMON
     + """
--- KEYS: task hash, stream, acks hash. ARGV: now, max_events, cutoff ('' none), seal, epilogue, epoch
--- ('' unfenced), channel, batch, token, bodies... The seq of the first body.
+-- KEYS: task hash, stream, acks hash. ARGV: the header, then the bodies. The header is one string (one
+-- argument packs faster than seven): "now max_events cutoff seal+epilogue epoch batch token", with
+-- cutoff and epoch '-' for none (no age limit; an unfenced writer), seal+epilogue two digits 0/1.
+-- The seq of the first body.
 local hash, stream, acks = KEYS[1], KEYS[2], KEYS[3]
-local now, max_events, cutoff = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local seal, epilogue, epoch, channel = ARGV[4] == '1', ARGV[5] == '1', ARGV[6], ARGV[7]
-local batch, token = ARGV[8], ARGV[9]
+local head = {}
+for word in string.gmatch(ARGV[1], '%S+') do head[#head + 1] = word end
+local now, max_events, cutoff, flags, epoch, batch, token = unpack(head)
+max_events = tonumber(max_events)
+if cutoff == '-' then cutoff = '' end
+if epoch == '-' then epoch = '' end
+local seal, epilogue = string.sub(flags, 1, 1) == '1', string.sub(flags, 2, 2) == '1'
+local channel = string.sub(hash, 1, -3) .. ':w'
 -- A pipeline retried after a lost connection replays its appends: the ones that already ran answer
 -- what they answered then instead of appending twice (the acks hash holds the last batch's answers).
 if redis.call('HGET', acks, 'batch') == batch then
@@ -217,14 +224,14 @@ if state[4] == '1' then return redis.error_reply('LOG_DELETED the log is deleted
 if state[3] == '1' and not epilogue then return redis.error_reply('LOG_SEALED the log is sealed') end
 ensure_log(hash)
 local first = tonumber(state[2] or '0')
-local count = #ARGV - 9
+local count = #ARGV - 1
 if count > 0 then
   local at = now
   local last = state[5]
   -- Never older than the last retained event, so age trimming can stop at the first young entry.
   if last and tonumber(last) > tonumber(now) and redis.call('XLEN', stream) > 0 then at = last end
   for i = 1, count do
-    redis.call('XADD', stream, 'MAXLEN', '~', max_events, '0-' .. (first + i), 't', at, 'd', ARGV[9 + i])
+    redis.call('XADD', stream, 'MAXLEN', '~', max_events, '0-' .. (first + i), 't', at, 'd', ARGV[1 + i])
   end
   redis.call('HSET', hash, 'next_seq', first + count, 'last_t', at)
   local left = redis.call('PTTL', hash)
