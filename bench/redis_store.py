@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.event_log import make_body  # noqa: E402
 from gateway.events.log import EventLog, MemoryEventLog  # noqa: E402
 from gateway.stores.redis import RedisBackend, RedisEventLog  # noqa: E402
 from tests.redis_server import RedisServer, fresh_prefix  # noqa: E402
@@ -45,11 +46,6 @@ PAGE = 256
 RESUME_CALLS = 500
 LIVE_ROUNDS = 500
 MAX_EVENTS = 1_000_000
-
-
-def make_body(i: int) -> bytes:
-    """A ~100-byte encoded event fragment, as the capture path would produce."""
-    return b'{"type":"com.example.progress","payload":{"progress":%d,"total":1000000,"note":"step %08d"}}' % (i, i)
 
 
 def percentile(samples: list[float], q: float) -> float:

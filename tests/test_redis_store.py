@@ -20,25 +20,10 @@ from gateway.cli import main
 from gateway.config import Config
 from gateway.events.log import LogBounds, LogSealed
 from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore, TaskGone, WriterFenced
-from gateway.tasks.records import TaskRecord, TaskStatus
+from gateway.tasks.records import TaskStatus
 from tests.conftest import free_port
 from tests.redis_server import RedisServer, fresh_prefix, shared_redis_url
-
-NOW = 1_000_000.0
-
-
-def record(task_id: str, owner: str = "alice") -> TaskRecord:
-    return TaskRecord(
-        id=task_id,
-        owner=owner,
-        tool="build",
-        dialect="2026-07-28",
-        ttl_ms=60_000,
-        poll_interval_ms=1000,
-        created_at="2026-12-01T12:00:00.000Z",
-        last_updated_at="2026-12-01T12:00:00.000Z",
-        expires_at=NOW + 60,
-    )
+from tests.test_task_store import NOW, record
 
 
 class Clock:
