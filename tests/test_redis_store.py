@@ -21,8 +21,9 @@ from gateway.config import Config
 from gateway.events.log import LogBounds, LogSealed
 from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore, TaskGone, WriterFenced
 from gateway.tasks.records import TaskStatus
-from tests.conftest import free_port
+from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix, shared_redis_url
+from tests.test_cli_tasks import cli, json_lines
 from tests.test_task_store import NOW, record
 
 
@@ -56,10 +57,11 @@ async def replica() -> AsyncIterator[Pair]:
     await pair.close()
 
 
-async def until_waiting(pair: Pair) -> None:
-    """Until a waiter of the pair's store is subscribed to its task's wake-ups."""
+async def until_waiting(pair: Pair, task_id: str) -> None:
+    """Until the server has the pair's store subscribed to the task's wake-ups (a waiter is blocked)."""
+    channel = pair.backend.keys.channel(task_id)
     async with asyncio.timeout(30):
-        while not pair.backend.wake_ups._channels:  # noqa: ASYNC110 - the store exposes no event for this
+        while (await pair.backend.client.pubsub_numsub(channel))[0][1] == 0:  # noqa: ASYNC110 - a server's state
             await asyncio.sleep(0.01)
 
 
@@ -110,7 +112,7 @@ async def test_a_lost_wake_up_is_covered_by_the_safety_poll() -> None:
     try:
         await pair.log.create("t")
         waiter = asyncio.create_task(pair.log.wait("t", -1, 30))
-        await until_waiting(pair)
+        await until_waiting(pair, "t")
         pair.backend.wake_ups.drop_next()
         await pair.log.append("t", [b"x"])
         assert await asyncio.wait_for(waiter, 30) is True
@@ -165,7 +167,7 @@ async def test_a_reader_blocked_across_a_redis_restart_resumes_without_a_gap(tmp
             return seen
 
         reading = asyncio.create_task(read_all(200))
-        await until_waiting(reader)  # caught up and blocked in wait
+        await until_waiting(reader, "t")  # caught up and blocked in wait
         server.stop(signal.SIGKILL)  # a crash: appendfsync always kept every acknowledged append
         await asyncio.sleep(0.5)
         assert not reading.done()
@@ -259,3 +261,32 @@ async def test_a_replayed_append_pipeline_appends_once(replica: Pair) -> None:
     assert await all_events(replica.log, "t") == [b"a", b"b"]
     assert await script(keys=keys, args=[f"{header} batch-2 0", b"c"]) == 2  # a new batch appends
     assert await all_events(replica.log, "t") == [b"a", b"b", b"c"]
+
+
+# ------------------------------------------------------------------------------------------ in the gateway
+
+
+async def test_a_gateway_on_the_redis_store_runs_streams_and_lists_a_task() -> None:
+    """The real gateway with `[store] kind = "redis"`: a task's events and record land in Redis."""
+    prefix = fresh_prefix()
+    config = f'[store]\nkind = "redis"\nurl = "{shared_redis_url()}"\nkey_prefix = "{prefix}"\n'
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway:
+        code, out, err = await cli(
+            "call", gateway.url, "slow_build", "--args", '{"steps": 3, "delay": 0.05}', "--task", "--follow", "--json"
+        )
+        assert code == 0, err
+        *events, result = json_lines(out)
+        task_id = events[0]["taskId"]
+        assert [event["seq"] for event in events] == list(range(len(events)))
+        assert result["content"] == [{"type": "text", "text": "built 3 steps"}]
+        code, out, err = await cli("tasks", gateway.url, "list")
+        assert code == 0 and task_id in out, err
+    replica = Pair(shared_redis_url(), prefix)  # what another replica would read
+    try:
+        stored = await replica.tasks.find(task_id)
+        assert stored is not None and stored.status is TaskStatus.COMPLETED
+        bounds = await replica.log.bounds(task_id)
+        assert bounds is not None and bounds.sealed and bounds.next_seq == len(events)
+        assert [event.seq for event in await replica.log.read(task_id, -1, 100)] == list(range(len(events)))
+    finally:
+        await replica.close()

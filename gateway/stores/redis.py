@@ -64,6 +64,7 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 """What an unreachable or restarting server raises."""
 _IMMUTABLE = ("id", "owner", "tool", "dialect", "ttl_ms", "poll_interval_ms", "created_at", "expires_at", "upstream")
 """The record fields that never change after create: stored together as JSON (`rec`)."""
+_OWNER_AND_RECORD = ["owner", *lua.RECORD_FIELDS]
 
 
 class WriterFenced(LogSealed):
@@ -94,7 +95,8 @@ def _mapped(error: BaseException) -> BaseException:
 
 def _raise_if_cancelled() -> None:
     """Re-raise a cancellation redis-py swallowed: a command cancelled on a pooled connection can complete
-    and return normally (redis-py 8.1), and a waiter must not outlive its cancelled caller."""
+    and return normally (redis-py 8.1), and a reader must not outlive its cancelled caller (checked on the
+    paths a `tasks/stream` reader loops on: read, bounds, wait)."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
@@ -226,6 +228,9 @@ class _Channel:
 
     waiters: int = 0
     signal: asyncio.Event = field(default_factory=asyncio.Event)
+    idle_since: float = 0.0
+    """When the last waiter left (loop time): the channel is unsubscribed after `SAFETY_POLL_S` idle, so
+    a reader going from one wait to the next does not unsubscribe and subscribe again."""
 
     def wake(self) -> None:
         self.signal.set()
@@ -262,25 +267,47 @@ class _WakeUps:
             yield watched
         finally:
             watched.waiters -= 1
-            if watched.waiters == 0 and self._channels.get(channel) is watched:
-                del self._channels[channel]
-            if not watched.waiters and not self._closed:
-                with contextlib.suppress(*UNAVAILABLE):
-                    await self._pubsub.unsubscribe(channel)
+            if not watched.waiters:
+                watched.idle_since = asyncio.get_running_loop().time()
+
+    async def _unsubscribe_idle(self) -> None:
+        """Unsubscribe the channels without waiters for `SAFETY_POLL_S` (only the reader task does this)."""
+        cutoff = asyncio.get_running_loop().time() - SAFETY_POLL_S
+        idle = [name for name, watched in self._channels.items() if not watched.waiters and watched.idle_since < cutoff]
+        if not idle:
+            return
+        for name in idle:
+            del self._channels[name]
+        with contextlib.suppress(*UNAVAILABLE):
+            await self._pubsub.unsubscribe(*idle)
+            revived = [name for name in idle if name in self._channels]  # a waiter came meanwhile
+            if revived:
+                await self._pubsub.subscribe(*revived)
 
     def wake_all(self) -> None:
         for watched in self._channels.values():
             watched.wake()
 
     async def _read(self) -> None:
+        lost = False  # warned about a lost connection: once per outage
+        swept = asyncio.get_running_loop().time()
         while True:
             try:
                 message = await self._pubsub.get_message(timeout=SAFETY_POLL_S)
             except UNAVAILABLE as error:
-                log.warning("redis wake-up connection lost; catching up after reconnect", extra={"error": str(error)})
+                if not lost:
+                    log.warning(
+                        "redis wake-up connection lost; catching up after reconnect", extra={"error": str(error)}
+                    )
+                lost = True
                 await asyncio.sleep(RECONNECT_DELAY_S)
                 self.wake_all()  # the catch-up: every waiter reads its task again
                 continue
+            lost = False
+            now = asyncio.get_running_loop().time()
+            if now - swept >= SAFETY_POLL_S:
+                swept = now
+                await self._unsubscribe_idle()
             if message is None or message.get("type") != "message":
                 continue
             if self._drop:
@@ -303,25 +330,30 @@ class _WakeUps:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
+def _pool(url: str, max_connections: int) -> aioredis.BlockingConnectionPool:
+    """A bounded pool (many waiting readers share a few connections instead of opening one each) whose
+    commands are retried a few times on a lost connection, which covers a server restart of about a
+    second (append pipelines too: the acks make a replayed one safe)."""
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        socket_connect_timeout=5.0,
+        socket_timeout=30.0,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
+    )
+
+
 class RedisBackend:
     """One Redis server (or cluster entry point) under one key prefix: the client, the scripts, the
     append pipeline and the wake-up connection both stores share."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        # A bounded pool: many waiting readers share a few connections instead of opening one each.
-        # Commands (and append pipelines, which the acks make safe to replay) are retried a few times on a
-        # lost connection, which covers a server restart of about a second.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=MAX_CONNECTIONS,
-            socket_connect_timeout=5.0,
-            socket_timeout=30.0,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
-        )
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS))
+        # The append pipeline has a connection of its own: many readers never make a writer wait for one.
+        self.writer: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, 1))
         self.keys = RedisKeys(prefix)
         self.scripts = _Scripts(self.client)
-        self.appends = _AppendPipeline(self.client, self.scripts.append)
+        self.appends = _AppendPipeline(self.writer, self.scripts.append)
         self.wake_ups = _WakeUps(self.client)
         self.closed = False
         self._users = 0
@@ -352,6 +384,7 @@ class RedisBackend:
             return
         self.closed = True
         await self.wake_ups.close()
+        await self.writer.aclose()
         await self.client.aclose()
 
 
@@ -411,7 +444,16 @@ class RedisTaskStore(TaskStore):
     async def _read(self, task_id: str) -> tuple[str, TaskRecord] | None:
         """The task's owner and record, unless it has none (or its terminal retention is over)."""
         hash_key, _ = self._keys.task(task_id)
-        values = await self._client.hmget(hash_key, ["owner", *lua.RECORD_FIELDS])
+        return self._found(await self._client.hmget(hash_key, _OWNER_AND_RECORD))
+
+    async def _read_many(self, task_ids: list[str]) -> list[tuple[str, TaskRecord] | None]:
+        """`_read` for each id, in one pipeline."""
+        pipe = self._client.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hmget(self._keys.task(task_id)[0], _OWNER_AND_RECORD)
+        return [self._found(values) for values in await pipe.execute()]
+
+    def _found(self, values: list[bytes | None]) -> tuple[str, TaskRecord] | None:
         owner, fields = values[0], values[1:]
         if owner is None or fields[0] is None:
             return None
@@ -441,8 +483,7 @@ class RedisTaskStore(TaskStore):
         batch = max(limit + 1, 16)
         while True:
             entries = await self._client.zrangebyscore(index, f"({after}", "+inf", start=0, num=batch, withscores=True)
-            for member, score in entries:
-                found = await self._read(member.decode())
+            for (_, score), found in zip(entries, await self._read_many([m.decode() for m, _ in entries]), strict=True):
                 if found is None or found[0] != owner:
                     continue  # expired (or recreated by another owner): the index entry is stale
                 if len(page) == limit:
@@ -538,7 +579,7 @@ class RedisTaskStore(TaskStore):
 class RedisEventLog(EventLog):
     """Each task's log in its stream, its state (`next_seq`, sealed, deleted) in its task hash.
 
-    About 150 bytes of Redis memory per retained small event, plus a few KB per stream key (see
+    About 140 bytes of Redis memory per retained ~100-byte event, plus a few KB per stream key (see
     docs/benchmarks.md). Times come from `clock` (clamped per task to be non-decreasing); tombstones
     expire in Redis time."""
 
@@ -608,6 +649,7 @@ class RedisEventLog(EventLog):
 
     async def bounds(self, task_id: str) -> LogBounds | None:
         found = await self._scripts.bounds(keys=list(self._keys.task(task_id)), args=[self._max_events, self._cutoff()])
+        _raise_if_cancelled()
         if not found:
             return None
         next_seq, sealed, earliest = (int(value) for value in found)
@@ -618,6 +660,7 @@ class RedisEventLog(EventLog):
             return []
         keys = list(self._keys.task(task_id))
         flat = await self._scripts.read(keys=keys, args=[self._max_events, self._cutoff(), after, limit])
+        _raise_if_cancelled()
         events: list[StoredEvent] = []
         for i in range(0, len(flat), 3):
             seq = int(flat[i][2:]) - 1
