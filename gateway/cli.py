@@ -188,7 +188,7 @@ def _check_store(path: str, config: Config) -> int:
 
     try:
         warnings = asyncio.run(check())
-    except Exception as exc:  # whatever the store's client raises when its server cannot be reached
+    except OSError as exc:  # the store's server cannot be reached
         print(f"mcp-task-gateway: {path}: store {config.store.kind!r} not reachable: {exc}", file=sys.stderr)
         return 1
     for warning in warnings:

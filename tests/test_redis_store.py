@@ -238,7 +238,7 @@ async def test_a_policy_other_than_noeviction_is_warned_about(tmp_path: Path, ca
     await good.close()
 
 
-def test_check_config_connect_reaches_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_connect_and_serve_reach_the_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     up = tmp_path / "up.toml"
     up.write_text(f'[store]\nkind = "redis"\nurl = "{shared_redis_url()}"\n')
     assert main(["check-config", str(up), "--connect"]) == 0
@@ -248,6 +248,10 @@ def test_check_config_connect_reaches_the_store(tmp_path: Path, capsys: pytest.C
     assert main(["check-config", str(down), "--connect"]) == 1
     assert "not reachable" in capsys.readouterr().err
     assert main(["check-config", str(down)]) == 0  # without --connect, only the file is checked
+    capsys.readouterr()
+    serve = ["serve", "--config", str(down), "--listen", f"127.0.0.1:{free_port()}", "--upstream-cmd", "true"]
+    assert main(serve) == 1  # a gateway whose store is down at start-up says so and exits
+    assert "the Redis store at 127.0.0.1:" in capsys.readouterr().err
 
 
 async def test_a_replayed_append_pipeline_appends_once(replica: Pair) -> None:

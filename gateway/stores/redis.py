@@ -48,7 +48,7 @@ from gateway.stores import redis_scripts as lua
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.store import InvalidCursor, TaskExists, TaskPage, TaskStore
 
-__all__ = ["RedisBackend", "RedisEventLog", "RedisTaskStore", "TaskGone", "WriterFenced"]
+__all__ = ["RedisBackend", "RedisEventLog", "RedisTaskStore", "StoreUnavailable", "TaskGone", "WriterFenced"]
 
 log = logging.getLogger("gateway.stores.redis")
 
@@ -65,6 +65,10 @@ UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _IMMUTABLE = ("id", "owner", "tool", "dialect", "ttl_ms", "poll_interval_ms", "created_at", "expires_at", "upstream")
 """The record fields that never change after create: stored together as JSON (`rec`)."""
 _OWNER_AND_RECORD = ["owner", *lua.RECORD_FIELDS]
+
+
+class StoreUnavailable(OSError):
+    """The Redis server cannot be reached (at start-up, or by `check-config --connect`)."""
 
 
 class WriterFenced(LogSealed):
@@ -364,8 +368,14 @@ class RedisBackend:
         return self
 
     async def check(self) -> list[str]:
-        """Reach the server; warnings about settings the stores need (`maxmemory-policy noeviction`)."""
-        await self.client.ping()
+        """Reach the server; warnings about settings the stores need (`maxmemory-policy noeviction`).
+        StoreUnavailable if it cannot be reached."""
+        try:
+            await self.client.ping()
+        except UNAVAILABLE as error:
+            where = self.client.connection_pool.connection_kwargs
+            server = where.get("path") or f"{where.get('host')}:{where.get('port')}"  # never the password
+            raise StoreUnavailable(f"the Redis store at {server} cannot be reached: {error}") from error
         try:
             settings = await self.client.config_get("maxmemory-policy")
         except ResponseError as error:  # managed services may refuse CONFIG
