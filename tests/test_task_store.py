@@ -408,7 +408,8 @@ records = st.builds(
     expires_at=st.floats(allow_nan=False, allow_infinity=False),
     status=st.sampled_from(TaskStatus),
     status_message=st.none() | st.text(max_size=16),
-    outcome_summary=st.none() | st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=6), max_size=3),
+    outcome_summary=st.none()
+    | st.dictionaries(st.text(max_size=6), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=6), max_size=3),
     upstream=st.none() | st.builds(UpstreamTaskRef, st.text(max_size=8), st.text(max_size=8)),
     next_seq=st.integers(0, 2**53),
 )
