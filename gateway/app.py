@@ -148,6 +148,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         budget,
         config.server.session_handshake_timeout_s,
         config.server.session_process_idle_s,
+        config.server.resume,
     )
     stores = build_stores(config)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)

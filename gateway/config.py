@@ -21,6 +21,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ResumeConfig(_Section):
+    """How long and how much of each 2025-11-25 SSE stream is kept for a GET with Last-Event-ID."""
+
+    buffer_bytes: int = Field(default=1 * MiB, gt=0)
+    """Bytes of events one stream keeps; the oldest go first (the newest stays, however large)."""
+    max_age_s: float = Field(default=60.0, gt=0)
+    """Events older than this are dropped, and a stream no connection serves is forgotten after it."""
+    retry_ms: int = Field(default=1000, ge=0)
+    """The `retry` field of priming events: how long a client waits before it resumes."""
+
+
 class ServerConfig(_Section):
     listen: str = "127.0.0.1:8765"
     path: str = "/mcp"
@@ -47,6 +58,7 @@ class ServerConfig(_Section):
     write_timeout_s: float = Field(default=30.0, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
+    resume: ResumeConfig = Field(default_factory=ResumeConfig)
 
     @field_validator("listen")
     @classmethod

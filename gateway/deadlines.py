@@ -4,8 +4,9 @@ Every request gets `[upstream] request_timeout_s`; a `tools/call` gets its tool'
 `request_timeout_s` instead when that entry sets one, whether the call is plain or runs as a gateway-
 hosted task (0 on either: no deadline). Requests that by design wait on something other than the
 upstream's work are bound otherwise: `initialize` by `[server] initialize_timeout_s` (where it is sent),
-`subscriptions/listen` not at all (a stream its client ends by closing it), and `tasks/result` to an
-upstream that hosts tasks by `[tasks] max_ttl_ms` (it waits for the task, which cannot outlive that).
+`subscriptions/listen` not at all (a stream its client ends by closing it), and `tasks/result` and
+`tasks/stream` to an upstream that hosts tasks by `[tasks] max_ttl_ms` (they wait for the task, which
+cannot outlive that).
 
 Plain rules over the config and the message; the links arm the deadline (`Exchange`).
 """
@@ -35,7 +36,7 @@ class RequestDeadlines:
         method = message.get("method")
         if method in UNBOUNDED_METHODS:
             return None
-        if method == "tasks/result":
+        if method in ("tasks/result", "tasks/stream"):
             return self._task_result
         if method == "tools/call":
             policy = self._tasks.policy_for(jsonrpc.params_of(message).get("name"))

@@ -102,13 +102,14 @@ class Metrics:
         self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
         self.buffered_bytes = Gauge(
             "mcp_gateway_buffered_bytes",
-            "Bytes of upstream messages queued for clients or being written to them, in every stream",
+            "Bytes of upstream messages queued for clients, being written to them or kept for a resume, in every "
+            "stream",
             registry=self.registry,
         )
         self.messages_dropped = Counter(
             "mcp_gateway_messages_dropped",
-            "Upstream messages discarded because the client of their request or GET stream went away or was "
-            "cut (legacy calls run on without their client)",
+            "Upstream messages discarded, unwritten, because the client of their request or GET stream went away "
+            "or was cut (legacy calls run on without their client; counted once no longer kept for a resume)",
             registry=self.registry,
         )
         self.slow_clients = Counter(

@@ -1,7 +1,8 @@
 """Legacy (handshake-era) client sessions: the gateway's own Mcp-Session-Id and what hangs off it.
 
-A session owns one upstream channel, the standalone GET stream's queue, and the ids of the
-server-to-client requests relayed to it (so the client's response POST can be checked and routed).
+A session owns one upstream channel, its resumable SSE streams (the forwarded responses and the
+standalone GET stream, `gateway.replay`), and the ids of the server-to-client requests relayed to it
+(so the client's response POST can be checked and routed).
 Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper; so,
 much sooner, are sessions that made no request after their handshake (`session_handshake_timeout_s`),
 which would otherwise hold an upstream process each for the whole idle timeout.
@@ -17,21 +18,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from gateway.buffers import BufferBudget
+from gateway.config import ResumeConfig
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
-from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+from gateway.replay import SessionStreams
+from gateway.upstream.base import Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.sessions")
 
 ResponseRoute = Callable[[Message, Mapping[str, str]], Awaitable[None]]
 """Where the client's response to a relayed server request goes instead of this session's channel."""
 
-# The standalone GET stream reuses Exchange's bounded, backpressured queue; it never "finishes".
-_GET_STREAM_ID = "__get_stream__"
-
 
 class Session:
-    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, budget: BufferBudget) -> None:
+    def __init__(self, session_id: str, channel: UpstreamChannel, metrics: Metrics, streams: SessionStreams) -> None:
         self.id = session_id
         self.channel = channel
         self.last_seen = time.monotonic()
@@ -40,6 +40,9 @@ class Session:
         """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
         self.upstream_has_tasks = False
         """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
+        self.upstream_serves_streams = False
+        """The upstream's tasks capability has `eventStreams`: it serves `tasks/stream` itself (SEP-2694
+        native), and the gateway forwards the streams of its tasks."""
         self._pending_server_requests: set[RequestId] = set()
         """Server-to-client requests relayed to this client and not yet answered."""
         self._task_streams: set[str] = set()
@@ -52,8 +55,7 @@ class Session:
         """Responses the gateway takes itself, by request id: a hosted task's requests (`respond`)."""
         self._closing = False
         self._metrics = metrics
-        self._budget = budget
-        self.get_stream: Exchange | None = None
+        self.streams = streams
         channel.set_unsolicited_handler(self.deliver_unsolicited)
 
     @property
@@ -111,35 +113,24 @@ class Session:
             await self.channel.respond(message, headers)
 
     async def deliver_unsolicited(self, message: Message, size: int = 0) -> None:
-        """To the GET stream; `size` is the message's size on the wire (0 for the gateway's own)."""
-        stream = self.get_stream
+        """To the GET stream, kept there for a resume also while its connection is away. Never waits:
+        the stream keeps what `[server.resume]` bounds (`size`, the size on the wire, is not needed)."""
+        stream = self.streams.standalone
+        method = str(message.get("method"))
         if stream is None:
             reason = "session_closed" if self._closing else "no_get_stream"
-            self._metrics.notifications_undelivered.labels(method=str(message.get("method")), reason=reason).inc()
+            self._metrics.notifications_undelivered.labels(method=method, reason=reason).inc()
             return
         self.note_outgoing(message)
-        await stream.deliver(message, size)
-
-    def open_get_stream(self) -> Exchange | None:
-        """The queue for a new GET stream, or None if one is already open (the caller answers 409)."""
-        if self.get_stream is not None:
-            return None
-        self.get_stream = Exchange(_GET_STREAM_ID, "GET", self._budget)
-        return self.get_stream
-
-    def close_get_stream(self, stream: Exchange) -> None:
-        stream.detach()
-        if self.get_stream is stream:
-            self.get_stream = None
+        self._metrics.count_forwarded(method)
+        stream.record([message])
 
     async def close(self) -> None:
         """End the session; the upstream channel follows once no hosted task runs on it."""
-        if self.get_stream is not None:
-            self.get_stream.end()
-            self.get_stream = None
+        self._closing = True
+        await self.streams.close()
         for stop in self._local_requests.values():
             stop.set()
-        self._closing = True
         if self._running_tasks == 0:
             await self.channel.close()
 
@@ -193,6 +184,7 @@ class SessionRegistry:
         budget: BufferBudget,
         handshake_timeout_s: float,
         process_idle_s: float,
+        resume: ResumeConfig,
     ):
         self._upstream = upstream
         self._metrics = metrics
@@ -201,6 +193,7 @@ class SessionRegistry:
         self._handshake_timeout_s = handshake_timeout_s
         self._process_idle_s = process_idle_s
         self._budget = budget
+        self._resume = resume
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -215,7 +208,8 @@ class SessionRegistry:
                 "retry later; end sessions you no longer use with DELETE",
             )
         channel = await self._upstream.open_session()
-        session = Session(secrets.token_hex(16), channel, self._metrics, self._budget)
+        streams = SessionStreams(self._resume, self._budget)
+        session = Session(secrets.token_hex(16), channel, self._metrics, streams)
         self._sessions[session.id] = session
         self._metrics.sessions.set(len(self._sessions))
         return session

@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024 * 1024
 
 
-def encode_message(data: bytes) -> bytes:
-    """One `message` event carrying `data`, which must not contain a newline (one JSON document)."""
-    return b"event: message\r\ndata: " + data + b"\r\n\r\n"
+def encode_message(data: bytes, event_id: str | None = None) -> bytes:
+    """One `message` event carrying `data`, which must not contain a newline (one JSON document), with
+    an `id` field when `event_id` is given (it must not contain a newline or NUL either)."""
+    if event_id is None:
+        return b"event: message\r\ndata: " + data + b"\r\n\r\n"
+    return b"id: " + event_id.encode() + b"\r\nevent: message\r\ndata: " + data + b"\r\n\r\n"
+
+
+def encode_priming(event_id: str, retry_ms: int) -> bytes:
+    """A priming event (SEP-1699): an id and empty data, so a client can resume from the start, and the
+    reconnection delay in milliseconds."""
+    return b"id: " + event_id.encode() + b"\r\ndata: \r\nretry: " + str(retry_ms).encode() + b"\r\n\r\n"
 
 
 def encode_comment(text: str) -> bytes:

@@ -24,7 +24,9 @@ class OneConversation(UpstreamChannel, Upstream):
     async def open_session(self) -> UpstreamChannel:
         return self
 
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+    def stateless(
+        self, affinity: str | None = None, *, beside: bool = False
+    ) -> AbstractAsyncContextManager[UpstreamChannel]:
         raise AssertionError("unexpected stateless request")
 
     def probe_session(self) -> AbstractAsyncContextManager[UpstreamChannel]:

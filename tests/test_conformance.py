@@ -172,6 +172,31 @@ async def test_the_native_reference_server_conforms_in_both_eras(tmp_path: Path)
     assert "does not read Mcp-Name on tasks/stream" in skipped["modern", "modern.name_header"]
 
 
+NATIVE_UPSTREAM_ARGS = ("--args", '{"steps": 12, "delay": 0.25}')
+"""The kit's tool through the gateway in front of the native server: the default's first steps (so seq 0
+is still retained when the live stream opens, see OVERRUN_RETENTION), then more, so the task outlives
+the kit's second-task checks on a loaded machine (3 s, 27 events)."""
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_gateway_in_front_of_the_native_server_conforms_in_both_eras(tmp_path: Path, transport: str) -> None:
+    """The upstream serves tasks/stream itself: the gateway forwards it (tests/test_native_upstream.py)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "stdio":
+            gateway = start_gateway(upstream_cmd=[*NATIVE, "--stdio", *OVERRUN_RETENTION])
+        else:
+            url = await stack.enter_async_context(native_server(tmp_path, *OVERRUN_RETENTION))
+            gateway = start_gateway(upstream_url=url)
+        gw = await stack.enter_async_context(gateway)
+        code, report, text = await run_kit(gw.url, "--era", "both", *NATIVE_UPSTREAM_ARGS)
+    assert_conforms(code, report, text, ERAS)
+    skipped = {(r["era"], r["id"]) for r in report["results"] if r["status"] == "skip"}
+    # The upstream's retention is advertised and overrun, so events_gone runs; the gateway checks Mcp-Name.
+    # Only what no gateway run can show is skipped: a second caller, and sessions in 2026-07-28.
+    expected = {("legacy", "auth.same_as_tasks_get"), ("modern", "auth.same_as_tasks_get")}
+    assert skipped == expected | {("modern", "stream.one_per_task")}, text
+
+
 async def correct_report(
     reports: dict[tuple[str, ...], dict[str, Any]], tmp_path: Path, server_options: tuple[str, ...]
 ) -> dict[str, Any]:

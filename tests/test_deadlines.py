@@ -83,6 +83,7 @@ def test_every_request_gets_the_upstream_deadline_and_a_tool_may_set_its_own() -
     )
     assert rule(call("tools/call", "watch")) is None  # 0: none
     assert rule(call("tasks/result")) == Deadline(7200, "tasks.max_ttl_ms")  # it waits for the task
+    assert rule(call("tasks/stream")) == Deadline(7200, "tasks.max_ttl_ms")  # forwarded to a native upstream
     assert rule(call("initialize")) is None  # server.initialize_timeout_s, where it is sent
     assert rule(call("subscriptions/listen")) is None  # a stream its client ends
 

@@ -242,6 +242,28 @@ def test_modern_advertise_declares_the_extension() -> None:
     assert MODERN.advertise({}, None) == {"capabilities": {"extensions": {TASKS_EXTENSION: {}}}}
 
 
+def test_declared_tasks_and_event_streams_per_era() -> None:
+    native = {"list": {}, "eventStreams": STREAMS}
+    legacy = {"capabilities": {"tasks": native}}
+    modern = {"capabilities": {"extensions": {TASKS_EXTENSION: native}}}
+    assert LEGACY.declared_tasks(legacy) == native and LEGACY.declares_event_streams(legacy)
+    assert MODERN.declared_tasks(modern) == native and MODERN.declares_event_streams(modern)
+    assert MODERN.declared_tasks(legacy) is None and LEGACY.declared_tasks(modern) is None
+    without = {"capabilities": {"tasks": {"list": {}}}}
+    assert LEGACY.declared_tasks(without) == {"list": {}} and not LEGACY.declares_event_streams(without)
+    assert LEGACY.declared_tasks({"capabilities": {"tasks": None}}) == {}  # declared, without settings
+    assert not LEGACY.declares_event_streams({"capabilities": {"tasks": {"eventStreams": True}}})
+    assert LEGACY.declared_tasks({}) is None and MODERN.declared_tasks({"capabilities": []}) is None
+
+
+def test_advertise_keeps_a_native_upstreams_event_streams() -> None:
+    """It serves those streams itself (the gateway forwards them): its retention is the one that holds."""
+    own = {"list": {}, "eventStreams": {"maxEventsPerTask": 10}}
+    assert LEGACY.advertise({"capabilities": {"tasks": own}}, STREAMS) == {"capabilities": {"tasks": own}}
+    modern = {"capabilities": {"extensions": {TASKS_EXTENSION: own}}}
+    assert MODERN.advertise(modern, STREAMS) == modern
+
+
 def test_error_shapes() -> None:
     assert missing_extension(5, "tool 'x' runs only as a task; ").to_message() == {
         "jsonrpc": "2.0",

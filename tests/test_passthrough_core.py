@@ -67,6 +67,28 @@ def test_status_pushes_are_mapped_in_both_dialects() -> None:
         assert map_task_ids(push, None, to_client)["params"] == {"taskId": "t1.u5", "status": "completed"}
 
 
+def test_a_native_upstreams_task_events_and_events_gone_are_mapped() -> None:
+    event = {
+        "jsonrpc": "2.0",
+        "method": "notifications/tasks/event",
+        "params": {
+            "seq": 3,
+            "taskId": "u6",
+            "type": "com.example.x",
+            "payload": {},
+            "_meta": {RELATED: {"taskId": "u6"}},
+        },
+    }
+    mapped = map_task_ids(event, None, to_client)["params"]
+    assert (mapped["taskId"], mapped["_meta"][RELATED], mapped["seq"]) == ("t1.u6", {"taskId": "t1.u6"}, 3)
+    data = {"reason": "events_gone", "taskId": "u6", "earliestSeq": 5}
+    gone = {"jsonrpc": "2.0", "id": 4, "error": {"code": -32010, "message": "gone", "data": data}}
+    assert map_task_ids(gone, "tasks/stream", to_client)["error"]["data"] == {**data, "taskId": "t1.u6"}
+    assert map_task_ids(gone, "tools/call", to_client) is gone  # only answers about a task name one
+    ended = response({})
+    assert map_task_ids(ended, "tasks/stream", to_client) is ended
+
+
 def test_messages_without_task_ids_pass_untouched() -> None:
     progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1, "progress": 2}}
     other = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"taskId": "not-a-push"}}

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from gateway.app import build_stores
 from gateway.buffers import BufferBudget
-from gateway.config import Config
+from gateway.config import Config, ResumeConfig
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder
 from gateway.edge.task_routes import stream_events
@@ -38,6 +38,7 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, MODERN, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.replay import SessionStreams
 from gateway.sessions import Session
 from gateway.sse import SseParser
 from gateway.tasks.hosted import HostedTasks
@@ -147,7 +148,9 @@ class ScriptedUpstream(OneConversation):
             return {"result": {"resultType": "complete", **upstream_view(Era.MODERN, "working")}}
         return {"result": {"resultType": "complete"}}  # SEP-2663 tasks/cancel, tasks/update
 
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+    def stateless(
+        self, affinity: str | None = None, *, beside: bool = False
+    ) -> AbstractAsyncContextManager[UpstreamChannel]:
         @asynccontextmanager
         async def channel() -> AsyncIterator[UpstreamChannel]:
             yield self
@@ -217,7 +220,7 @@ class Gateway:
         self.relay = RelaySettings(metrics, keepalive_s=60.0, flush_interval_s=0.0)
         self.session: Session | None = None
         if era is Era.LEGACY:
-            self.session = Session("session", self.upstream, metrics, BufferBudget())
+            self.session = Session("session", self.upstream, metrics, SessionStreams(ResumeConfig(), BufferBudget()))
             capabilities: dict[str, Any] = {"tools": {}}
             if kind == SEP_1686:
                 capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseError, SseEvent, SseParser, encode_comment, encode_message
+from gateway.sse import SseError, SseEvent, SseParser, encode_comment, encode_message, encode_priming
 
 # Frames as an SDK server with an EventStore sends them (wire-facts §2.3 and §2.5): a priming event,
 # a log, progress with ids, a keep-alive comment, a fresh priming event, and the response.
@@ -158,6 +158,10 @@ def test_event_size_limit() -> None:
 
 
 def test_encoders_round_trip() -> None:
+    assert SseParser().feed(encode_message(b"{}", "3_7") + encode_priming("3_8", 250)) == [
+        SseEvent(data="{}", id="3_7"),
+        SseEvent(data="", id="3_8", retry=250),
+    ]
     frame = encode_message(RESULT.encode())
     assert frame == b"event: message\r\ndata: " + RESULT.encode() + b"\r\n\r\n"
     assert encode_comment("keepalive") == b": keepalive\r\n\r\n"

@@ -28,9 +28,10 @@ from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import Era
+from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
+from gateway.replay import LAST_EVENT_ID, StreamGap
 from gateway.sessions import Session, SessionRegistry
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
 from gateway.tasks.service import TaskService
@@ -198,6 +199,8 @@ class McpEndpoint:
         if "error" in final or not isinstance(final.get("result"), dict):
             await self._sessions.close(session.id)
             return json_response(final)
+        # Priming events are SEP-1699 (2025-11-25): older clients would try to parse their empty data.
+        session.streams.priming = str(final["result"].get("protocolVersion")) >= LATEST_HANDSHAKE_VERSION
         final = {**final, "result": self._service.initialized(session, final["result"])}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
@@ -235,7 +238,10 @@ class McpEndpoint:
                 params = jsonrpc.params_of(message)
                 state = params.get("taskId" if message["method"].startswith("tasks/") else "requestState")
                 affinity = state if isinstance(state, str) else None
-                leased.append(await call.resources.enter_async_context(self._upstream.stateless(affinity)))
+                # A forwarded tasks/stream (the upstream serves it) lasts as long as its task: beside the rest.
+                beside = message["method"] == "tasks/stream"
+                stateless = self._upstream.stateless(affinity, beside=beside)
+                leased.append(await call.resources.enter_async_context(stateless))
             return leased[0]
 
         call = TaskCall(message, era, headers, None, lease)
@@ -261,7 +267,8 @@ class McpEndpoint:
             return await Responder(request, self._metrics).finish(plan.message, call.era)
         if isinstance(plan, Forward):
             exchange = await plan.channel.request(plan.message, plan.headers)
-            responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
+            streams = call.session.streams if call.session is not None else None
+            responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s, streams=streams)
             return await relay(exchange, responder, call.era, self._relay, plan.hooks)
         if isinstance(plan, StreamEvents):
             return await stream_events(
@@ -292,11 +299,17 @@ class McpEndpoint:
         return session
 
     async def _get_stream(self, request: web.Request) -> web.StreamResponse:
+        """The standalone stream, or with Last-Event-ID the rest of the stream that id names: the events
+        after it, then live to its end (a forwarded response's stream ends with its response)."""
         checks.check_accept_stream(request.headers.get("Accept"))
         session = await self._session_for(request)
         self._budget.admit(None)
-        stream = session.open_get_stream()
-        if stream is None:
+        last_event_id = request.headers.get(LAST_EVENT_ID)
+        if last_event_id is not None:
+            stream, after = session.streams.resume(last_event_id)
+        elif (standalone := session.streams.open_standalone()) is not None:
+            stream, after = standalone, 0
+        else:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
@@ -304,17 +317,28 @@ class McpEndpoint:
         session.open_streams += 1
         responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
         try:
-            await responder.keepalive()
-            while (batch := await stream.next_batch(self._config.keepalive_s)) is not None:
-                await (responder.send(batch) if batch else responder.keepalive())
+            opening = stream.opening(after)
+            await (responder.write(opening) if opening else responder.keepalive())
+            while True:
+                frames, after = stream.after(after)
+                if frames:
+                    await responder.write(frames)
+                    stream.written(after)
+                elif stream.ended:
+                    break
+                elif not await stream.grown(self._config.keepalive_s):
+                    await responder.keepalive()
             assert responder.stream is not None
             await responder.stream.write_eof()
-        except (asyncio.CancelledError, ConnectionResetError, SlowClient):
+            if stream is not session.streams.standalone:
+                session.streams.forget(stream)  # a response's stream, written to its end
+        except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
+            # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
             if responder.stream is None:
                 raise
             responder.abandon()
         finally:
-            session.close_get_stream(stream)
+            session.streams.detach(stream)
             session.open_streams -= 1
             responder.close()
         assert responder.stream is not None

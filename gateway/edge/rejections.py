@@ -36,6 +36,7 @@ _REASON_BY_STATUS = {
     405: "http_method",
     406: "accept",
     409: "conflict",
+    410: "events_gone",
     413: "body_too_large",
     415: "content_type",
     421: "host",

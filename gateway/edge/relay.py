@@ -6,11 +6,15 @@ The relay writes each batch the moment it arrives. The plan's `RelayHooks` serve
 relayed before the response), the session that expects the client's answers to relayed server requests
 (and where they go), and a `Handoff` that turns a call still running at a deadline into a
 gateway-hosted task: the handoff answers the client and takes the exchange over.
+
+A 2025-11-25 call whose resumable SSE response loses its connection is relayed on, unattended, into
+its replay stream (the session owns that relay), so that a GET with Last-Event-ID can resume it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -46,6 +50,8 @@ async def relay(
     transform, handoff, observed = hooks.transform, hooks.handoff, hooks.observed
     started = time.perf_counter()
     pacer = WritePacer(settings.flush_interval_s)
+    unattended = False
+    taken: list[Message] = []
     if observed is None and handoff is not None:
         observed = []  # what the handoff passes on to the task
     try:
@@ -54,6 +60,7 @@ async def relay(
             if handoff is not None:
                 wait = min(wait, max(0.0, handoff.deadline - time.monotonic()))
             batch = await exchange.next_batch(wait)
+            taken = batch or []  # out of the exchange and not yet recorded: an unattended relay gets it back
             if batch and not jsonrpc.is_final(batch[-1]) and (pause := pacer.pause()) > 0:
                 # Mid-burst: let the burst accumulate and write it once, instead of one small write
                 # (one syscall, one wake-up of the client) per notification.
@@ -62,16 +69,22 @@ async def relay(
             if batch is None:  # every link ends an exchange with a response; this is a broken link
                 final = jsonrpc.error_response(exchange.request_id, jsonrpc.INTERNAL_ERROR, "upstream gave no response")
                 return await responder.finish(final, era)
-            if batch and observed is not None:
-                observed.extend(message for message in batch if not jsonrpc.is_final(message))
             if batch and jsonrpc.is_final(batch[-1]):
                 final = batch.pop()
+                taken = [final]  # the batch is recorded before `_send` first waits
+                if observed is not None:
+                    observed.extend(batch)
                 await _send(batch, responder, hooks)
                 metrics.latency.labels(method=exchange.method).observe(time.perf_counter() - started)
                 outcome = "error" if "error" in final else "ok"
                 metrics.requests.labels(method=exchange.method, outcome=outcome).inc()
-                return await responder.finish(await transform(final) if transform else final, era)
+                answer = await transform(final) if transform else final
+                taken = []
+                return await responder.finish(answer, era)
             if batch:
+                taken = []
+                if observed is not None:
+                    observed.extend(batch)
                 await _send(batch, responder, hooks)
                 pacer.wrote()
             elif handoff is not None and time.monotonic() >= handoff.deadline and not handoff.possible():
@@ -84,14 +97,29 @@ async def relay(
             elif wait >= keepalive_s:
                 await responder.keepalive()
     except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
-        if handoff is None or not handoff.taken:
-            await _client_gone(exchange, era, metrics)
+        # A forwarded stream the upstream must see end (cancel_when_gone) is not kept for a resume.
+        resumable = responder.resumable and not hooks.cancel_when_gone
+        if hooks.session is not None and resumable and (handoff is None or not handoff.taken):
+            assert responder.replay is not None
+            unattended = True
+            exchange.give_back(taken)
+            # On its own, without the handoff; what it observes goes on into the same list.
+            go_on = relay(
+                exchange,
+                responder,
+                era,
+                dataclasses.replace(settings, flush_interval_s=0),
+                dataclasses.replace(hooks, handoff=None, observed=observed),
+            )
+            hooks.session.streams.run_on(responder.replay, go_on)
+        elif handoff is None or not handoff.taken:
+            await _client_gone(exchange, era, metrics, hooks.cancel_when_gone)
         response = responder.abandon()
         if response is None or isinstance(exc, asyncio.CancelledError):
             raise
         return response
     finally:
-        if handoff is None or not handoff.taken:
+        if not unattended and (handoff is None or not handoff.taken):
             exchange.detach()  # what it held no longer counts (a cut call's later messages are discarded)
         responder.close()
 
@@ -106,11 +134,11 @@ async def _send(batch: list[Message], responder: Responder, hooks: RelayHooks) -
         await responder.send(batch)
 
 
-async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics) -> None:
-    """Modern: a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
+async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics, cancel: bool) -> None:
+    """Modern (or `cancel`): a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
     if exchange.finished:
         return
-    if era is Era.MODERN:  # a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call outlives its stream
+    if era is Era.MODERN or cancel:  # a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call outlives its stream
         metrics.requests.labels(method=exchange.method, outcome="cancelled").inc()
         await exchange.cancel()
     else:

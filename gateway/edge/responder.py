@@ -1,5 +1,9 @@
 """One client response in the making: a single JSON body if the answer is the first thing ready,
 otherwise an SSE stream that is committed on the first write and written as things happen.
+
+Given a legacy session's streams, an SSE response is resumable: it opens with a priming event and
+every event carries an id and is kept for a GET with Last-Event-ID (`gateway.replay`). Once its
+connection is abandoned, such a responder still records what it is given, for that resume.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from gateway import sse
 from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
+from gateway.replay import ReplayStream, SessionStreams
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -38,16 +43,32 @@ class Responder:
         *,
         headers: Mapping[str, str] | None = None,
         write_timeout_s: float | None = None,
+        streams: SessionStreams | None = None,
     ) -> None:
         self._request = request
         self._metrics = metrics
         self._headers = dict(headers or {})
         self._write_timeout_s = write_timeout_s
+        self._streams = streams
         self.stream: web.StreamResponse | None = None
+        self.replay: ReplayStream | None = None
+        """The resumable stream this response is, once it is SSE (legacy sessions only)."""
+        self._gone = False
+        self._closed = False
 
     @property
     def streaming(self) -> bool:
         return self.stream is not None
+
+    @property
+    def resumable(self) -> bool:
+        """An SSE response with event ids whose connection still serves it and that has not ended."""
+        return self.stream is not None and self.replay is not None and not self.replay.ended and not self._gone
+
+    def _replay(self, streams: SessionStreams) -> ReplayStream:
+        if self.replay is None:
+            self.replay = streams.open()
+        return self.replay
 
     async def _commit(self) -> web.StreamResponse:
         if self.stream is None:
@@ -58,7 +79,12 @@ class Responder:
         return self.stream
 
     async def write(self, data: bytes) -> None:
-        """Write SSE bytes (committing to SSE first); SlowClient if the client stops reading."""
+        """Write SSE bytes (committing to SSE first); SlowClient if the client stops reading. Nothing
+        once the connection is abandoned."""
+        if self._gone:
+            return
+        if self.stream is None and self._streams is not None:
+            data = self._replay(self._streams).opening() + data
         stream = await self._commit()
         if self._write_timeout_s is None:
             await stream.write(data)
@@ -74,7 +100,13 @@ class Responder:
         for message in messages:
             if "method" in message:
                 self._metrics.count_forwarded(message["method"])
-        await self.write(b"".join(sse.encode_message(orjson.dumps(message)) for message in messages))
+        if self._streams is None:
+            await self.write(b"".join(sse.encode_message(orjson.dumps(message)) for message in messages))
+            return
+        replay = self._replay(self._streams)
+        await self.write(replay.record(messages))
+        if not self._gone:
+            replay.written(replay.last)
 
     async def keepalive(self) -> None:
         await self.write(sse.encode_comment("keepalive"))
@@ -84,17 +116,27 @@ class Responder:
         if self.stream is None:
             return json_response(final, era.status_for_response(final), self._headers)
         await self.send([final])
-        await self.stream.write_eof()
+        if self.replay is not None:
+            self.replay.end()
+        if not self._gone:
+            await self.stream.write_eof()
+            if self._streams is not None and self.replay is not None:
+                self._streams.forget(self.replay)  # written in full: nothing is left to resume
         return self.stream
 
     def abandon(self) -> web.StreamResponse | None:
         """The client is gone or too slow: drop the connection; nothing more will be written.
 
         Aborted, not closed: a closing transport keeps its unsent bytes until the client reads them."""
+        self._gone = True
         if self.stream is not None and self._request.transport is not None:
             self._request.transport.abort()
         return self.stream
 
     def close(self) -> None:
-        if self.stream is not None:
+        """The handler is done with the response; a resumable stream left unfinished waits for a resume."""
+        if self.stream is not None and not self._closed:
             self._metrics.open_streams.dec()
+        self._closed = True
+        if self._streams is not None and self.replay is not None:
+            self._streams.detach(self.replay)

@@ -22,6 +22,8 @@ from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTO
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
+TASK_EVENT = "notifications/tasks/event"
+"""SEP-2694's task event, the same in both eras; sent on the tasks/stream request that asked for it."""
 HOSTED_TASKS_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 """The 2025-11-25 tasks capability the gateway declares when it hosts tasks itself."""
 
@@ -203,20 +205,38 @@ class Dialect:
 
     # -- responses -------------------------------------------------------------------------------
 
+    def declared_tasks(self, result: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The tasks capability an upstream's `initialize` (2025-11-25) or `server/discover` (2026-07-28)
+        result declares (`{}` when it is not an object), or None: it declares none."""
+        holder = result.get("capabilities")
+        if self.era is Era.MODERN:  # SEP-2663 tasks are an extension
+            holder = holder.get("extensions") if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or self.capability_key not in holder:
+            return None
+        settings = holder[self.capability_key]
+        return settings if isinstance(settings, dict) else {}
+
+    def declares_event_streams(self, result: Mapping[str, Any]) -> bool:
+        """Whether the upstream serves `tasks/stream` itself (SEP-2694 native): its tasks capability
+        has an `eventStreams` object."""
+        settings = self.declared_tasks(result)
+        return settings is not None and isinstance(settings.get("eventStreams"), dict)
+
     def stream_end(self, request_id: RequestId) -> Message:
         """The answer that closes a `tasks/stream` normally (SEP-2694: an empty result)."""
         return {"jsonrpc": "2.0", "id": request_id, "result": dict(self.empty_result)}
 
     def advertise(self, result: dict[str, Any], event_streams: dict[str, int] | None) -> dict[str, Any]:
         """An `initialize` / `server/discover` result with the tasks capability: the upstream's own if
-        it declares one, else the one the gateway hosts; with `eventStreams` in it when given."""
+        it declares one, else the one the gateway hosts; with `eventStreams` in it when given, unless the
+        upstream advertises its own (it serves those streams: the gateway forwards them)."""
         capabilities = dict(result.get("capabilities") or {})
         holder = capabilities
         if self.era is Era.MODERN:  # SEP-2663 tasks are an extension
             holder = capabilities["extensions"] = dict(capabilities.get("extensions") or {})
         key = self.capability_key
         settings = dict(holder[key] or {}) if key in holder else dict(self.hosted_capability)
-        if event_streams is not None:
+        if event_streams is not None and not isinstance(settings.get("eventStreams"), dict):
             settings["eventStreams"] = event_streams
         holder[key] = settings
         return {**result, "capabilities": capabilities}
@@ -263,13 +283,6 @@ def dialect_of(era: Era) -> Dialect:
 
 def declares_tasks_extension(message: Message) -> bool:
     capabilities = jsonrpc.meta_of(message).get(CLIENT_CAPABILITIES_KEY)
-    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
-
-
-def upstream_declares_tasks(discover_result: dict[str, Any]) -> bool:
-    """Whether a `server/discover` result declares the tasks extension."""
-    capabilities = discover_result.get("capabilities")
     extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 

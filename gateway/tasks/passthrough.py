@@ -10,6 +10,9 @@ Learning. A task is known from the CreateTaskResult the gateway forwards (`adopt
 the caller. Messages about it that arrive first (server-everything pushes a status before it answers)
 wait briefly in a stash. A task the gateway never saw created stays unknown: `-32602`, like any id.
 
+An upstream that serves tasks/stream itself (SEP-2694 native) streams its own log: its task events
+pass with their ids mapped and are never captured (every replay would copy them again).
+
 Capture. For known tasks the tap records status pushes (`notifications/tasks/status`,
 `notifications/tasks`) and status answers (`tasks/get`, legacy `tasks/cancel`) as `task.status` events
 when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's
@@ -45,7 +48,7 @@ from gateway.events.capture import RELATED_TASK_KEY
 from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import Dialect, dialect_of, unknown_task
+from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
@@ -58,6 +61,8 @@ from gateway.waiting import wait_any
 log = logging.getLogger("gateway.tasks.passthrough")
 
 STATUS_PUSHES = frozenset({"notifications/tasks/status", "notifications/tasks"})
+_NAMING_TASK = STATUS_PUSHES | {TASK_EVENT}
+"""Notifications whose `params.taskId` names a task."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
 ASK_ID_PREFIX = "mcp-task-gateway-"
 """The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
@@ -105,12 +110,12 @@ class UpstreamTask:
 
 def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
     """`message` from the upstream with every task id it carries passed through `convert`: a status
-    push's `taskId`, related-task `_meta`, a subscription acknowledgement's `taskIds`, and the ids in
-    the answers to tools/call and tasks/*."""
+    push's or task event's `taskId`, related-task `_meta`, a subscription acknowledgement's `taskIds`,
+    and the ids in the answers to tools/call and tasks/* (an error's `data.taskId`, as in `events_gone`)."""
     params = message.get("params")
     if isinstance(params, dict):
         changed = _map_related(params, convert)
-        if message.get("method") in STATUS_PUSHES and isinstance(params.get("taskId"), str):
+        if message.get("method") in _NAMING_TASK and isinstance(params.get("taskId"), str):
             changed = {**(changed or params), "taskId": convert(params["taskId"])}
         filters = params.get("notifications")
         if (
@@ -121,6 +126,11 @@ def map_task_ids(message: Message, method: str | None, convert: Callable[[str], 
             ids = [convert(task_id) if isinstance(task_id, str) else task_id for task_id in filters["taskIds"]]
             changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
         return message if changed is None else {**message, "params": changed}
+    error = message.get("error")
+    data = error.get("data") if isinstance(error, dict) else None
+    if isinstance(data, dict) and isinstance(data.get("taskId"), str) and (method or "").startswith("tasks/"):
+        assert isinstance(error, dict)
+        return {**message, "error": {**error, "data": {**data, "taskId": convert(data["taskId"])}}}
     result = message.get("result")
     if not isinstance(result, dict):
         return message
@@ -217,6 +227,9 @@ class Passthrough:
         ref: UpstreamTask = task.upstream
         capture = self.registry.capture
         kind = message.get("method")
+        if kind == TASK_EVENT:
+            # A native upstream's stream: its own log, replayed at will; the gateway's log takes no copy.
+            return
         if kind in STATUS_PUSHES:
             await self._observe_status(task, jsonrpc.params_of(message), pushed=True)
         elif isinstance(kind, str) and "id" in message:

@@ -94,6 +94,9 @@ class RelayHooks:
     observed: list[Message] | None = None
     """Collects what was relayed before the final message."""
     handoff: Handoff | None = None
+    cancel_when_gone: bool = False
+    """The request is worth nothing without its client (a forwarded tasks/stream): a client that goes
+    away cancels it upstream in 2025-11-25 too, where a call otherwise runs on."""
 
 
 @dataclass(frozen=True)

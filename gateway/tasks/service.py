@@ -4,8 +4,9 @@ Given a parsed call (era, caller, message, headers, session) the service decides
 hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
 the upstream's cached `server/discover`) or passes the upstream's tasks through (ids mapped by the channel
 tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
-task method answered now, a forward with its relay hooks, a tasks/stream cursor, or a legacy tasks/result
-wait. It touches no HTTP; the edge carries the plan out.
+task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
+serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
+edge carries the plan out.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class TaskService:
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
         with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
-        capabilities = result.get("capabilities")
-        session.upstream_has_tasks = isinstance(capabilities, dict) and LEGACY.capability_key in capabilities
+        session.upstream_has_tasks = LEGACY.declared_tasks(result) is not None
+        session.upstream_serves_streams = LEGACY.declares_event_streams(result)
         if session.upstream_has_tasks:
             session.channel.tap = self._passthrough.observe
         return self._hosted.advertise(result, LEGACY)
@@ -101,7 +102,7 @@ class TaskService:
     async def plan(self, call: TaskCall) -> Plan:
         """What to do with `call`; raises ProtocolError for a request that gets an error."""
         hosting = await self._hosting(call)
-        if call.method == "tasks/stream":
+        if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
             return await self._stream(call)
         if not hosting:
             return await self._with_upstream_tasks(call)
@@ -123,13 +124,27 @@ class TaskService:
 
     # -- tasks the upstream hosts ----------------------------------------------------------------
 
+    async def _upstream_serves_streams(self, call: TaskCall) -> bool:
+        """Whether the upstream serves tasks/stream itself (its tasks capability has `eventStreams`)."""
+        if call.session is not None:
+            return call.session.upstream_serves_streams
+        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).event_streams
+
     async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
-        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned."""
+        task, with ids mapped (the channel tap) and the tasks a tools/call creates learned. A
+        tasks/stream comes here only when the upstream serves it itself: its stream is the upstream's,
+        relayed as it comes (the tap maps the ids in its events), and a dropped client cancels it."""
         answer_route: ResponseRoute | None = None
-        if call.method in call.caller.dialect.task_requests:
+        streaming = call.method == "tasks/stream"
+        if streaming:
+            call.caller.dialect.check_tasks_declared(call.message)
+            parse_stream_params(call.message)  # the same -32602 for a bad taskId or after as a hosted stream
+        if streaming or call.method in call.caller.dialect.task_requests:
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
-            if task.terminal:
+            if streaming:
+                self._claim_stream(call, task)
+            elif task.terminal:
                 # Its record holds how it ended (the outcome too) and answers, exactly and even once
                 # the upstream conversation that held the task is gone.
                 return await self._task_method(call)
@@ -148,7 +163,8 @@ class TaskService:
         if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
-        return self._forward(call, channel, self._transform_for(call, hosting=False), answer_route=answer_route)
+        transform = self._transform_for(call, hosting=False)
+        return self._forward(call, channel, transform, answer_route=answer_route, cancel_when_gone=streaming)
 
     def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
         async def answer(message: Message, headers: Mapping[str, str]) -> None:
@@ -205,11 +221,12 @@ class TaskService:
         *,
         observed: list[Message] | None = None,
         answer_route: ResponseRoute | None = None,
+        cancel_when_gone: bool = False,
     ) -> Forward:
         # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
         if call.era is Era.MODERN:
             transform = self._pinning(channel, transform)
-        hooks = RelayHooks(call.session, answer_route, transform, observed)
+        hooks = RelayHooks(call.session, answer_route, transform, observed, cancel_when_gone=cancel_when_gone)
         return Forward(channel, call.message, call.headers, hooks)
 
     def _pinning(self, channel: UpstreamChannel, transform: Transform | None) -> Transform:
@@ -273,11 +290,11 @@ class TaskService:
 
         async def deliver_input(task: Task, pending: PendingRequest) -> None:
             # No tasks/result is open for the task: the creating session's GET stream, if it has one.
-            stream = session.get_stream
+            stream = session.streams.standalone
             if stream is None:
                 return
             route_answer(self._hosted, session, task, pending)
-            pending.carried_by = lambda: session.get_stream is stream
+            pending.carried_by = lambda: session.streams.standalone is stream
             await session.deliver_unsolicited(pending.request)
 
         answer = await self._hosted.start_legacy(
@@ -368,6 +385,17 @@ class TaskService:
             raise
         if start.first_seq is None:
             return Reply(call.caller.dialect.stream_end(request_id))
+        self._claim_stream(call, task)
+        session = call.session
+        stop = call.resources.enter_context(session.local_request(request_id)) if session else asyncio.Event()
+        return StreamEvents(
+            registry.log, task.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+        )
+
+    def _claim_stream(self, call: TaskCall, task: Task) -> None:
+        """Hold a tasks/stream of `task` until the request ends, within the gateway's stream limits and,
+        in 2025-11-25, as the session's one stream of the task (SEP-2694: one per task and connection)."""
+        request_id = call.message["id"]
         if self.open_streams >= self._tasks.max_streams_total:
             raise Overloaded(
                 "tasks.max_streams_total",
@@ -392,16 +420,7 @@ class TaskService:
                     request_id=request_id,
                 )
             call.resources.enter_context(session.task_stream(task.id))
-            stop = call.resources.enter_context(session.local_request(request_id))
-        else:
-            stop = asyncio.Event()
-        self._hold_stream(call, task)
-        return StreamEvents(
-            registry.log, task.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
-        )
-
-    def _hold_stream(self, call: TaskCall, task: Task) -> None:
-        """Count the stream against the limits until the request ends."""
+        # Counted against the limits until the request ends.
         task.open_streams += 1
         self.open_streams += 1
         self._metrics.task_streams.inc()

@@ -248,6 +248,13 @@ class Exchange:
                 return None if self._finished or self._detached else []
         return self._hand_out()
 
+    def give_back(self, messages: list[Message]) -> None:
+        """Put messages a consumer took but did not use back in front, in order, for the next consumer
+        (a relay that goes on without its client); they no longer count against the bound."""
+        if messages:
+            self._items.extendleft(reversed(messages))
+            self._readable.set()
+
     def more(self) -> list[Message]:
         """What arrived since the last batch, to be written with it: it counts until the next `next_batch`."""
         return self._hand_out()
@@ -359,11 +366,14 @@ class Upstream(ABC):
         """A channel dedicated to one legacy (handshake-era) client session."""
 
     @abstractmethod
-    def stateless(self, affinity: str | None = None) -> AbstractAsyncContextManager[UpstreamChannel]:
+    def stateless(
+        self, affinity: str | None = None, *, beside: bool = False
+    ) -> AbstractAsyncContextManager[UpstreamChannel]:
         """A channel for one modern (2026-07-28) request, held for that request's lifetime.
 
-        `affinity` is a multi-round-trip request's echoed `requestState`: its retry must reach the
-        conversation that issued the state (see `pin`)."""
+        `affinity` is a multi-round-trip request's echoed `requestState`, or a task's id: the request
+        must reach the conversation that issued it (see `pin`). `beside`: the request (a forwarded
+        tasks/stream) may share that conversation with the request holding it, rather than wait its turn."""
 
     @abstractmethod
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.protocol.dialect import MODERN, upstream_declares_tasks
+from gateway.protocol.dialect import MODERN
 
 if TYPE_CHECKING:
     from gateway.upstream.base import UpstreamChannel
@@ -30,6 +30,14 @@ class Capabilities:
 
     tasks: bool
     """Declares the 2026-07-28 tasks extension (SEP-2663): it hosts tasks, the gateway passes them through."""
+    event_streams: bool = False
+    """Its tasks extension has `eventStreams`: it serves `tasks/stream` itself (SEP-2694 native), and the
+    gateway forwards the streams of its tasks."""
+
+    @classmethod
+    def of(cls, discover_result: dict[str, Any]) -> Capabilities:
+        """What a `server/discover` result declares."""
+        return cls(MODERN.declared_tasks(discover_result) is not None, MODERN.declares_event_streams(discover_result))
 
 
 NOT_KNOWN = Capabilities(tasks=False)
@@ -57,7 +65,7 @@ class Discovery:
 
     def learn(self, discover_result: dict[str, Any]) -> None:
         """A `server/discover` result the upstream gave a client."""
-        self._known = Capabilities(tasks=upstream_declares_tasks(discover_result))
+        self._known = Capabilities.of(discover_result)
 
     async def _probe(self, timeout_s: float) -> Capabilities | None:
         """Ask the upstream with the gateway's own server/discover; None when it could not be asked."""
@@ -75,4 +83,4 @@ class Discovery:
             return None
         result = final.get("result")
         # An upstream that cannot answer discover has no 2026 tasks either; a later discover re-learns.
-        return Capabilities(tasks=isinstance(result, dict) and upstream_declares_tasks(result))
+        return Capabilities.of(result) if isinstance(result, dict) else NOT_KNOWN

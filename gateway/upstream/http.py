@@ -530,7 +530,7 @@ class HttpUpstream(Upstream):
             await channel.close()
 
     @contextlib.asynccontextmanager
-    async def stateless(self, affinity: str | None = None) -> AsyncIterator[HttpChannel]:
+    async def stateless(self, affinity: str | None = None, *, beside: bool = False) -> AsyncIterator[HttpChannel]:
         if self._shared is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
         yield self._shared

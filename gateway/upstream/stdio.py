@@ -40,6 +40,7 @@ from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
+from gateway.protocol.dialect import TASK_EVENT
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
@@ -154,6 +155,8 @@ class _Route:
     exchange: Exchange
     client_id: RequestId
     client_token: Any
+    streamed_task: Any = None
+    """The `taskId` of a tasks/stream request: its task events carry it (nothing else ties them to it)."""
 
 
 class StdioProcess:
@@ -258,7 +261,8 @@ class StdioProcess:
         outgoing = {**message, "id": upstream_id}
         if params is not None:
             outgoing["params"] = params
-        self._routes[upstream_id] = _Route(exchange, client_id, client_token)
+        streamed = params.get("taskId") if message["method"] == "tasks/stream" and isinstance(params, dict) else None
+        self._routes[upstream_id] = _Route(exchange, client_id, client_token, streamed)
         self._by_client_id[client_id] = upstream_id
         exchange.on_cancel(lambda reason: self._cancel(upstream_id, reason))
         if not await self._write(outgoing):
@@ -291,9 +295,13 @@ class StdioProcess:
         await self._write(message)
 
     async def _cancel(self, upstream_id: int, reason: object) -> None:
-        if self._forget(upstream_id) is None:
+        route = self._forget(upstream_id)
+        if route is None:
             return
-        self.abandoned_requests = True
+        # What a cancelled call sends late could reach the process's next request; a tasks/stream's
+        # late events name their task and reach no other request (so a pooled process holding tasks,
+        # whose stream a client closed, is not recycled with them).
+        self.abandoned_requests |= route.streamed_task is None
         cancel: Message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": upstream_id}}
         if isinstance(reason, str):
             cancel["params"]["reason"] = reason
@@ -389,11 +397,20 @@ class StdioProcess:
             # A subscriptions/listen stream stamps every notification with the listen request's id.
             meta = {**params["_meta"], SUBSCRIPTION_ID_KEY: route.client_id}
             await route.exchange.deliver({**message, "params": {**params, "_meta": meta}}, size)
+        elif method == TASK_EVENT and (stream := self._stream_of(params.get("taskId"))) is not None:
+            # A native upstream allows one stream per task per connection (this process): it is that one.
+            await stream.exchange.deliver(message, size)
         elif method in _REQUEST_SCOPED and len(self._routes) == 1:
             (route,) = self._routes.values()
             await route.exchange.deliver(message, size)
         else:
             await self._deliver_unsolicited(message, size)
+
+    def _stream_of(self, task_id: object) -> _Route | None:
+        """The tasks/stream request in flight for `task_id`, if any."""
+        if not isinstance(task_id, str):
+            return None
+        return next((route for route in self._routes.values() if route.streamed_task == task_id), None)
 
     async def _deliver_unsolicited(self, message: Message, size: int) -> None:
         if self.channel is not None:
@@ -492,6 +509,8 @@ class StdioChannel(UpstreamChannel):
         """The process was stopped and its slot given back while the session idles (see `park`)."""
         self.lease = asyncio.Lock()
         """Held by the one stateless request using this channel."""
+        self.streams_beside = 0
+        """Forwarded tasks/stream requests running on it beside the lease holder (see `stateless`)."""
 
     @property
     def pid(self) -> int | None:
@@ -692,8 +711,21 @@ class StdioUpstream(Upstream):
             await channel.close()
 
     @asynccontextmanager
-    async def stateless(self, affinity: str | None = None) -> AsyncIterator[UpstreamChannel]:
+    async def stateless(self, affinity: str | None = None, *, beside: bool = False) -> AsyncIterator[UpstreamChannel]:
         channel = self._pinned.get(affinity) if affinity is not None else None
+        if beside and channel is not None and not channel.closed:
+            # A tasks/stream of a task this process holds runs beside its other requests (its events
+            # name their task, see StdioProcess._route): leasing the process for the stream's whole life
+            # would hold up every other request about its tasks, the gateway's own polls included.
+            if channel in self._idle:
+                self._idle.remove(channel)
+            channel.streams_beside += 1
+            try:
+                yield channel
+            finally:
+                channel.streams_beside -= 1
+                await self._settle(channel)
+            return
         # A pinned process holds state only it knows (a task, a signed requestState): a request for it
         # waits its turn there even while another request is in flight on it; any other process would
         # answer "unknown".
@@ -714,12 +746,18 @@ class StdioUpstream(Upstream):
             yield channel
         finally:
             channel.lease.release()
-            pinned = channel in self._pinned.values()
-            if channel.reusable and (pinned or len(self._idle) < self._config.idle_processes):
-                if channel not in self._idle and not channel.lease.locked():
-                    self._idle.append(channel)
-            elif not channel.lease.locked():
-                await channel.close()
+            await self._settle(channel)
+
+    async def _settle(self, channel: StdioChannel) -> None:
+        """A request on `channel` ended: back to the idle processes, or closed, once nothing else runs on it."""
+        if channel.lease.locked() or channel.streams_beside:
+            return  # whatever still runs on it settles it when it ends
+        pinned = channel in self._pinned.values()
+        if channel.reusable and (pinned or len(self._idle) < self._config.idle_processes):
+            if channel not in self._idle:
+                self._idle.append(channel)
+        else:
+            await channel.close()
 
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
         # The SDK signs requestState with a per-process key: only the issuing process accepts it.
