@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 ARGS ?=
 
-.PHONY: venv run test conformance lint bench demo clean
+.PHONY: venv run test conformance lint bench demo clean redis-server
 
 # The Tasks-capable upstream for tests/test_upstream_with_tasks.py (pinned; node_modules is git-ignored).
 SERVER_EVERYTHING := @modelcontextprotocol/server-everything@2026.8.31
@@ -68,7 +68,15 @@ node_modules/@modelcontextprotocol/server-everything:
 	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_upstream_with_tasks.py runs $(SERVER_EVERYTHING))" >&2; exit 1; }
 	npm install --no-save --no-audit --no-fund --prefix "$(CURDIR)" $(SERVER_EVERYTHING)
 
-test: $(TEST_STAMP) node_modules
+# The Redis store's tests start their own redis-server (tests/redis_server.py), never the machine's:
+# install Debian's package when there is none (as root, or through sudo).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make: redis-server is not on PATH; install Redis 7 (the store tests start their own)" >&2; exit 1; }; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+test: $(TEST_STAMP) node_modules redis-server
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The conformance kit against the gateway in front of the example server (both eras), as CI runs it:

@@ -31,6 +31,7 @@ from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore
 from gateway.stores.sqlite import SqliteDatabase
 from gateway.stores.sqlite_log import SqliteEventLog
 from gateway.stores.sqlite_tasks import SqliteTaskStore
@@ -67,6 +68,14 @@ class Stores:
 
     tasks: TaskStore
     log: EventLog
+    check: Callable[[], Awaitable[list[str]]] | None = None
+    """Reaches the store's server and returns warnings about its settings (None: nothing to reach)."""
+
+    async def open(self) -> None:
+        """Check the store at start-up: fails if its server is unreachable, logs a warning per bad setting."""
+        if self.check is not None:
+            for warning in await self.check():
+                log.warning(warning)
 
     async def close(self) -> None:
         await self.log.close()
@@ -93,6 +102,13 @@ def build_stores(config: Config) -> Stores:
             database, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
         return Stores(SqliteTaskStore(database, cap), sqlite_log)
+    if kind == "redis":
+        backend = RedisBackend(config.store.url, config.store.key_prefix)
+        redis_log = RedisEventLog(
+            backend, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
+        )
+        tasks = RedisTaskStore(backend, cap, terminal_retention_s=retention.terminal_retention_s)
+        return Stores(tasks, redis_log, backend.check)
     assert_never(kind)
 
 
@@ -211,6 +227,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         server_logger.addFilter(framing_errors)
+        await stores.open()
         await upstream.start()
         sessions.start()
         registry.start()

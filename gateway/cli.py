@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path")
     check.add_argument(
-        "--connect", action="store_true", help="also open the configured store (creating a SQLite file), then close it"
+        "--connect",
+        action="store_true",
+        help="also open the configured store (creating a SQLite file); exit 1 if its server is down",
     )
 
     call = commands.add_parser(
@@ -155,12 +157,27 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
         raise ConfigError(f"command line: {describe_errors(exc)}") from None
 
 
-async def _connect_stores(config: Config) -> None:
-    """Open the configured stores and close them again (StoreUnavailable if they cannot be opened)."""
+def _check_store(path: str, config: Config) -> int:
+    """`check-config --connect`: open the store and reach its server (0: usable, its warnings printed;
+    1: its server cannot be reached). A store that cannot be used at all raises StoreUnavailable (2)."""
     from gateway.app import build_stores
 
-    stores = build_stores(config)
-    await stores.close()
+    async def check() -> list[str]:
+        stores = build_stores(config)
+        try:
+            return await stores.check() if stores.check is not None else []
+        finally:
+            await stores.close()
+
+    try:
+        warnings = asyncio.run(check())
+    except OSError as exc:  # its server cannot be reached (the Redis store's StoreUnreachable)
+        print(f"mcp-task-gateway: {path}: store {config.store.kind!r} not reachable: {exc}", file=sys.stderr)
+        return 1
+    for warning in warnings:
+        print(f"mcp-task-gateway: warning: {warning}", file=sys.stderr)
+    print(f"{path}: ok (store {config.store.kind!r} opened and reachable)")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -194,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             config = load_config(args.path)
             if args.connect:
-                asyncio.run(_connect_stores(config))
+                return _check_store(args.path, config)
             print(f"{args.path}: ok")
             return 0
         if args.command == "tail":

@@ -169,15 +169,35 @@ class RetentionConfig(_Section):
 
 
 class StoreConfig(_Section):
-    kind: Literal["memory", "sqlite"] = "memory"
+    kind: Literal["memory", "sqlite", "redis"] = "memory"
     """Where task records and event logs live. "memory": in this process, lost on restart; "sqlite":
-    one SQLite file on this host (`path`), kept across restarts."""
+    one SQLite file on this host (`path`), kept across restarts; "redis": in a Redis server (Streams)
+    that several replicas share."""
     path: str = Field(default="data/gateway.db", min_length=1)
     """The SQLite file (kind "sqlite"), relative to the working directory; its directory is created
     on first start."""
     synchronous: Literal["normal", "full"] = "normal"
     """SQLite's `synchronous` (kind "sqlite"): "normal" survives a crash of the process, "full" also
     a power loss (every commit waits for the disk)."""
+    url: str = "redis://127.0.0.1:6379/0"
+    """kind = "redis": the server (`redis://` or `rediss://`, with user, password and database)."""
+    key_prefix: str = Field(default="mcp-task-gateway:", min_length=1)
+    """kind = "redis": every key starts with it, so gateways with different prefixes share one server."""
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _no_hash_tag(cls, value: str) -> str:
+        # A brace would change the {t:<id>} hash tag that keeps a task's keys in one cluster slot.
+        if "{" in value or "}" in value:
+            raise ValueError("must not contain '{' or '}'")
+        return value
 
 
 class CaptureRule(_Section):

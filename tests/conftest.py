@@ -361,3 +361,10 @@ def sqlite_directory(tmp_path: Path) -> Iterator[Path]:
 def fresh_sqlite_file() -> Path:
     """A path for a new SQLite store file under the running test's ``sqlite_directory``."""
     return Path(tempfile.mkdtemp(dir=_sqlite_directories[-1])) / "gateway.db"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the session's own redis-server, if a store test started one (tests/redis_server.py)."""
+    from tests.redis_server import stop_shared_redis
+
+    stop_shared_redis()

@@ -56,7 +56,7 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
         ),
         ("[[tasks.tools]]\ntask_support = 'forbidden'\nmodern = 'after_ms'\n", "modern must be 'never'"),
         ("[[tasks.tools]]\nmodern = 'sometimes'\n", "tasks.tools.0.modern"),
-        ("[store]\nkind = 'redis-ish'\n", "store.kind: Input should be 'memory' or 'sqlite'"),
+        ("[store]\nkind = 'redis-ish'\n", "store.kind: Input should be 'memory', 'sqlite' or 'redis'"),
         ("[store]\nkind = 'sqlite'\nsynchronous = 'off'\n", "store.synchronous: Input should be 'normal' or 'full'"),
         ("[store]\nkind = 'sqlite'\npath = ''\n", "store.path: String should have at least 1 character"),
         ("[store]\nkind = 'memory'\nfile = 'x'\n", "store.file: unknown key"),

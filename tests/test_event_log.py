@@ -35,9 +35,11 @@ from hypothesis.stateful import (
 )
 
 from gateway.events.log import EventLog, LogBounds, LogSealed, MemoryEventLog, StoredEvent
+from gateway.stores.redis import RedisBackend, RedisEventLog
 from gateway.stores.sqlite import SqliteDatabase
 from gateway.stores.sqlite_log import SqliteEventLog
 from tests.conftest import fresh_sqlite_file
+from tests.redis_server import fresh_prefix, shared_redis_url
 
 Clock = Callable[[], float]
 T = TypeVar("T")
@@ -80,9 +82,17 @@ def _sqlite_store(
     )
 
 
+def _redis_store(*, max_events_per_task: int, clock: Clock, max_event_age_s: float, tombstone_ttl_s: float) -> EventLog:
+    backend = RedisBackend(shared_redis_url(), fresh_prefix())
+    return RedisEventLog(
+        backend, max_events_per_task, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=tombstone_ttl_s
+    )
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
     pytest.param(_sqlite_store, id="sqlite"),
+    pytest.param(_redis_store, id="redis"),
 ]
 
 DEFAULT_MAX_EVENTS = 100_000

@@ -29,12 +29,14 @@ from gateway.app import build_stores
 from gateway.config import Config, RetentionConfig
 from gateway.events.log import MemoryEventLog
 from gateway.stores.memory import MemoryTaskStore
+from gateway.stores.redis import RedisBackend, RedisTaskStore
 from gateway.stores.sqlite import SqliteDatabase
 from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import OUTCOME_OVERHEAD_BYTES, bounded, evicted_outcome, outcome_cap
 from gateway.tasks.store import InvalidCursor, OutcomeTooLarge, TaskExists, TaskStore
 from tests.conftest import fresh_sqlite_file
+from tests.redis_server import fresh_prefix, shared_redis_url
 
 T = TypeVar("T")
 
@@ -55,9 +57,14 @@ def _sqlite_store(*, max_outcome_bytes: int) -> TaskStore:
     return SqliteTaskStore(SqliteDatabase(fresh_sqlite_file()), max_outcome_bytes)
 
 
+def _redis_store(*, max_outcome_bytes: int) -> TaskStore:
+    return RedisTaskStore(RedisBackend(shared_redis_url(), fresh_prefix()), max_outcome_bytes)
+
+
 STORES = [
     pytest.param(_memory_store, id="memory"),
     pytest.param(_sqlite_store, id="sqlite"),
+    pytest.param(_redis_store, id="redis"),
 ]
 
 

@@ -11,7 +11,7 @@ waiter of a task when it grows or is sealed or deleted.
 The interface is kept as small as Redis Streams', and each operation maps onto the other stores:
 
 - ``append`` (batched, optionally sealing): Redis, one script that checks the meta hash (sealed,
-  deleted), runs ``XADD key MAXLEN ~ N 0-* t <time> d <body>`` per body, drops head entries whose time
+  deleted), runs ``XADD key MAXLEN ~ N 0-<seq+1> t <time> d <body>`` per body, drops head entries whose time
   field is older than the age (``XTRIM MINID 0-<first kept seq + 1>``; ``0-N`` ids carry no time), sets
   ``sealed`` and publishes a wake-up; SQLite, one transaction that inserts rows ``(task, seq, ts, body)``,
   updates the task's row (``next_seq``, ``sealed``) and deletes the rows over the count or the age.

@@ -1,0 +1,245 @@
+"""The connection side of the Redis store: the key layout, the scripts, the append pipeline, and the
+`RedisBackend` that holds them (and the wake-ups) for the two stores built on it.
+
+Per task, a hash, a stream and an acks hash share the `{t:<id>}` hash tag (one cluster slot); an owner's
+index and counter share `{o:<owner>}`. Script errors come back as the exceptions here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError, ResponseError
+
+from gateway.events.log import LogSealed
+from gateway.stores import redis_scripts as lua
+from gateway.stores.redis_wakeups import UNAVAILABLE, WakeUps
+
+__all__ = ["RedisBackend", "RedisKeys", "StoreUnreachable", "TaskGone", "WriterFenced", "raise_if_cancelled"]
+
+MAX_CONNECTIONS = 32
+RETRIES = 5
+
+
+class StoreUnreachable(OSError):
+    """The Redis server cannot be reached (at start-up, or by `check-config --connect`)."""
+
+
+class WriterFenced(LogSealed):
+    """An append with an epoch the task has moved past: another replica owns the task now."""
+
+
+class TaskGone(LogSealed):
+    """A fenced append to a task whose record does not exist (never did, or expired)."""
+
+
+_ERRORS: dict[str, type[LogSealed]] = {
+    "FENCED": WriterFenced,
+    "TASK_GONE": TaskGone,
+    "LOG_SEALED": LogSealed,
+    "LOG_DELETED": LogSealed,
+}
+
+
+def _mapped(error: BaseException) -> BaseException:
+    """A script's error reply as the exception the interfaces promise."""
+    if isinstance(error, ResponseError):
+        code, _, message = str(error).partition(" ")
+        kind = _ERRORS.get(code)
+        if kind is not None:
+            return kind(message)
+    return error
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation redis-py swallowed: a command cancelled on a pooled connection can complete
+    and return normally (redis-py 8.1), and a reader must not outlive its cancelled caller (checked on the
+    paths a `tasks/stream` reader loops on: read, bounds, wait)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def _text(value: str | bytes | None) -> str:
+    return value.decode() if isinstance(value, bytes) else value or ""
+
+
+@dataclass(frozen=True, slots=True)
+class RedisKeys:
+    """The key layout under one prefix."""
+
+    prefix: str
+
+    def task(self, task_id: str) -> tuple[str, str]:
+        """The task's hash and stream (one hash tag)."""
+        base = f"{self.prefix}{{t:{task_id}}}"
+        return base + ":h", base + ":s"
+
+    def acks(self, task_id: str) -> str:
+        """The answers of the task's appends in the last pipeline (what makes a retried pipeline safe)."""
+        return f"{self.prefix}{{t:{task_id}}}:a"
+
+    def channel(self, task_id: str) -> str:
+        return f"{self.prefix}{{t:{task_id}}}:w"
+
+    def owned(self, owner: str) -> tuple[str, str]:
+        """The owner's index (task ids scored by creation number) and its counter."""
+        base = f"{self.prefix}{{o:{owner}}}"
+        return base + ":i", base + ":n"
+
+    @property
+    def expiry(self) -> str:
+        return self.prefix + "expiry"
+
+
+class _Scripts:
+    """The scripts, registered on one client (redis-py reloads one the server has forgotten)."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        def register(source: str) -> AsyncScript:
+            return client.register_script(source)
+
+        self.create_record = register(lua.CREATE_RECORD)
+        self.index_owned = register(lua.INDEX_OWNED)
+        self.update_status = register(lua.UPDATE_STATUS)
+        self.replace_outcome = register(lua.REPLACE_OUTCOME)
+        self.advance_next_seq = register(lua.ADVANCE_NEXT_SEQ)
+        self.drop_record = register(lua.DROP_RECORD)
+        self.bump_epoch = register(lua.BUMP_EPOCH)
+        self.append = register(lua.APPEND)
+        self.create_log = register(lua.CREATE_LOG)
+        self.seal = register(lua.SEAL)
+        self.bounds = register(lua.BOUNDS)
+        self.read = register(lua.READ)
+        self.delete_log = register(lua.DELETE_LOG)
+
+
+@dataclass(slots=True)
+class _Pending:
+    keys: list[str]
+    args: list[Any]
+    done: asyncio.Future[Any]
+
+
+class _AppendPipeline:
+    """Sends the appends queued during one loop tick as one pipeline; while one is in flight, the next
+    batch gathers (one pipeline at a time, so a task's appends reach Redis in the order they were made)."""
+
+    def __init__(self, client: aioredis.Redis, script: AsyncScript) -> None:
+        self._client = client
+        self._script = script
+        self._queue: list[_Pending] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def run(self, keys: list[str], args: list[Any]) -> Any:
+        pending = _Pending(keys, args, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send())
+        return await pending.done
+
+    async def _send(self) -> None:
+        try:
+            while self._queue:
+                await asyncio.sleep(0)  # let the rest of this tick queue up
+                batch, self._queue = self._queue, []
+                await self._send_batch(batch)
+        finally:
+            self._sender = None
+
+    async def _send_batch(self, batch: list[_Pending]) -> None:
+        try:
+            results = await self._execute(batch)
+            if any(isinstance(result, NoScriptError) for result in results):  # the server restarted
+                await self._client.script_load(self._script.script)
+                results = await self._execute(batch)
+        except Exception as error:  # the whole pipeline failed (connection lost): every caller learns it
+            results = [error] * len(batch)
+        for pending, result in zip(batch, results, strict=True):
+            if pending.done.done():
+                continue
+            if isinstance(result, BaseException):
+                pending.done.set_exception(_mapped(result))
+            else:
+                pending.done.set_result(result)
+
+    async def _execute(self, batch: list[_Pending]) -> list[Any]:
+        pipe: Pipeline = self._client.pipeline(transaction=False)
+        sha = self._script.sha
+        batch_id = secrets.token_hex(8)  # with the index, what a retried pipeline's appends are known by
+        for index, pending in enumerate(batch):
+            header, *bodies = pending.args
+            pipe.evalsha(sha, len(pending.keys), *pending.keys, f"{header} {batch_id} {index}", *bodies)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _pool(url: str, max_connections: int) -> aioredis.BlockingConnectionPool:
+    """A bounded pool (many waiting readers share a few connections instead of opening one each) whose
+    commands are retried a few times on a lost connection, which covers a server restart of about a
+    second (append pipelines too: the acks make a replayed one safe)."""
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        socket_connect_timeout=5.0,
+        socket_timeout=30.0,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
+    )
+
+
+class RedisBackend:
+    """One Redis server (or cluster entry point) under one key prefix: the client, the scripts, the
+    append pipeline and the wake-up connection both stores share."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS))
+        # The append pipeline has a connection of its own: many readers never make a writer wait for one.
+        self.writer: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, 1))
+        self.keys = RedisKeys(prefix)
+        self.scripts = _Scripts(self.client)
+        self.appends = _AppendPipeline(self.writer, self.scripts.append)
+        self.wake_ups = WakeUps(self.client)
+        self.closed = False
+        self._users = 0
+
+    def use(self) -> RedisBackend:
+        """Count one more store on this backend: it closes when the last one does."""
+        self._users += 1
+        return self
+
+    async def check(self) -> list[str]:
+        """Reach the server; warnings about settings the stores need (`maxmemory-policy noeviction`).
+        StoreUnreachable if it cannot be reached."""
+        try:
+            await self.client.ping()
+        except UNAVAILABLE as error:
+            where = self.client.connection_pool.connection_kwargs
+            server = where.get("path") or f"{where.get('host')}:{where.get('port')}"  # never the password
+            raise StoreUnreachable(f"the Redis store at {server} cannot be reached: {error}") from error
+        try:
+            settings = await self.client.config_get("maxmemory-policy")
+        except ResponseError as error:  # managed services may refuse CONFIG
+            return [f"could not check the Redis maxmemory-policy ({error}); it must be noeviction"]
+        policy = next((_text(value) for name, value in settings.items() if _text(name) == "maxmemory-policy"), "")
+        if policy != "noeviction":
+            return [
+                f"Redis maxmemory-policy is {policy!r}, not 'noeviction': under memory pressure Redis may "
+                "evict task records and events, and readers would see tasks vanish and logs gone"
+            ]
+        return []
+
+    async def release(self) -> None:
+        self._users -= 1
+        if self._users > 0 or self.closed:
+            return
+        self.closed = True
+        await self.wake_ups.close()
+        await self.writer.aclose()
+        await self.client.aclose()
