@@ -175,7 +175,11 @@ async def bench_replay(events: int) -> None:
 
 async def bench_resume(events: int) -> None:
     upstream = {"command": [sys.executable, str(ROOT / "examples" / "build_server.py")], "stdio": {"idle_processes": 0}}
-    app = build_app(Config.model_validate({"retention": {"max_events_per_task": events}, "upstream": upstream}))
+    app = build_app(
+        Config.model_validate(
+            {"retention": {"max_events_per_task": events}, "upstream": upstream, "store": {"kind": "memory"}}
+        )
+    )
     runner = aiohttp.web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     port = free_port()
