@@ -8,7 +8,8 @@ pass-through task), and clients on loopback. What must hold across the restart:
   exactly once, then `task.owner_lost` and `failed` (the task's upstream call died with the process);
 * a completed task's `tasks/result` answers the same bytes before and after;
 * a pass-through task the upstream still runs is watched again: its timeline shows `capture.interrupted`
-  and ends `completed`, and its result is the upstream's.
+  and ends `completed`, and its result is the upstream's; for a 2025-11-25 task on its upstream session
+  (server-everything), and for a 2026-07-28 one (tests/servers/modern_tasks_server.py over HTTP).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import pytest
 from gateway.client import GatewayClient
 from gateway.client.stream import JsonRpcError
 from gateway.config import EventsConfig
-from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
+from tests.test_modern_tasks_server import SERVER as MODERN_SERVER
 from tests.test_upstream_with_tasks import TOOL, http_upstream
 from tests.wire import LEGACY, Client
 
@@ -137,3 +139,26 @@ async def test_a_pass_through_task_is_watched_again_and_ends_completed(tmp_path:
     assert kinds.index("capture.interrupted") < len(kinds) - 2
     assert task["status"] == "completed"
     assert "result" in result and result["result"]["content"], result
+
+
+async def test_a_modern_pass_through_task_is_watched_again_by_its_upstream_id(tmp_path: Path) -> None:
+    config = sqlite_config(tmp_path)
+    async with serve_http(MODERN_SERVER, log=tmp_path / "upstream.log") as upstream_url:
+        async with start_gateway(upstream_url=upstream_url, config_text=config) as first:
+            async with GatewayClient(first.url, era="modern") as client:
+                task_id = await client.start_task("slow_job", {"steps": 6, "delay": 0.6})
+                assert task_id is not None
+                seen = await read_events(client, task_id, None, 1)
+            await kill(first)
+
+        async with (
+            start_gateway(upstream_url=upstream_url, config_text=config) as second,
+            GatewayClient(second.url, era="modern") as client,
+        ):
+            rest = await read_events(client, task_id, seen[-1]["seq"], None)
+            task = (await client.get_task(task_id))["result"]
+    kinds = [kind(event) for event in rest]
+    assert [event["seq"] for event in rest] == list(range(1, 1 + len(rest)))
+    assert "capture.interrupted" in kinds and kinds[-2:] == ["task.status", "task.terminal"], kinds
+    assert rest[-2]["payload"]["status"] == "completed"
+    assert task["taskId"] == task_id and task["status"] == "completed"

@@ -403,14 +403,14 @@ class Passthrough:
         a 2025-11-25 one whose session cannot be rejoined."""
         stored = task.record.upstream
         assert stored is not None
-        rejoined = await self._rejoin(task.id, Era(task.record.dialect), stored)
+        era = Era(task.record.dialect)
+        rejoined = await self._rejoin(task.id, era, stored)
         if rejoined is None:
             return False
         channel, hold = rejoined
         channel.tap = self.observe
         renamed = (channel.tag, stored.upstream_id)
         self._renamed[renamed] = task.id
-        era = Era(task.record.dialect)
         headers = {"MCP-Protocol-Version": era.value} if era is Era.LEGACY else {}
         ref = UpstreamTask(channel, stored.upstream_id, era, headers, task.poll_interval_ms)
         ref.seen = (task.status, task.status_message)
