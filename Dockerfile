@@ -14,9 +14,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY . /app
-# The code stays root-owned and read-only to the runtime user.
+# The code stays root-owned and read-only to the runtime user; only data/ (the default SQLite store,
+# [store] path = "data/gateway.db") is the runtime user's, a volume so tasks outlive the container.
 RUN pip install --no-cache-dir . \
-    && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gateway
+    && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gateway \
+    && mkdir /app/data && chown 10001 /app/data
+VOLUME ["/app/data"]
 
 USER 10001
 EXPOSE 8765

@@ -204,6 +204,10 @@ class Targets:
 
 @contextlib.asynccontextmanager
 async def running_targets(logdir: Path) -> AsyncIterator[Targets]:
+    # Two gateways at once, measuring forwarding: the memory store (the default SQLite file is one per
+    # process, and its writes are not what this measures).
+    memory_store = logdir / "gateway.toml"
+    memory_store.write_text('[store]\nkind = "memory"\n')
     python = sys.executable
     stdio_argv = [python, str(SERVER)]
     upstream_port, gw_http_port, gw_stdio_port = free_port(), free_port(), free_port()
@@ -219,7 +223,10 @@ async def running_targets(logdir: Path) -> AsyncIterator[Targets]:
         await wait_until_ready(upstream, upstream_port, None)
         gw_http = spawn(
             "gateway-http",
-            [python, "-m", "gateway", "serve", "--listen", f"127.0.0.1:{gw_http_port}", "--upstream-url", direct_http],
+            [
+                *(python, "-m", "gateway", "serve", "--config", str(memory_store)),
+                *("--listen", f"127.0.0.1:{gw_http_port}", "--upstream-url", direct_http),
+            ],
             logdir,
         )
         procs.append(gw_http)
@@ -230,6 +237,8 @@ async def running_targets(logdir: Path) -> AsyncIterator[Targets]:
                 "-m",
                 "gateway",
                 "serve",
+                "--config",
+                str(memory_store),
                 "--listen",
                 f"127.0.0.1:{gw_stdio_port}",
                 "--upstream-cmd",

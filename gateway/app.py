@@ -40,6 +40,7 @@ from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
 from gateway.tasks.service import TaskService
 from gateway.tasks.store import TaskStore
+from gateway.tasks.takeover import take_over
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -70,6 +71,10 @@ class Stores:
     log: EventLog
     check: Callable[[], Awaitable[list[str]]] | None = None
     """Reaches the store's server and returns warnings about its settings (None: nothing to reach)."""
+    exclusive: bool = True
+    """Only this process uses the stores (memory; SQLite holds a lock on its file): every task they hold
+    unfinished at start-up was left by a process that is gone, and is taken over. Shared stores
+    (Redis) need owner leases to tell a dead owner from a live replica."""
 
     async def open(self) -> None:
         """Check the store at start-up: fails if its server is unreachable, logs a warning per bad setting."""
@@ -108,7 +113,7 @@ def build_stores(config: Config) -> Stores:
             backend, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
         tasks = RedisTaskStore(backend, cap, terminal_retention_s=retention.terminal_retention_s)
-        return Stores(tasks, redis_log, backend.check)
+        return Stores(tasks, redis_log, backend.check, exclusive=False)
     assert_never(kind)
 
 
@@ -229,6 +234,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         server_logger.addFilter(framing_errors)
         await stores.open()
         await upstream.start()
+        if stores.exclusive:
+            await take_over(registry, passthrough)
         sessions.start()
         registry.start()
         readiness.start()

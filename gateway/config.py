@@ -169,10 +169,10 @@ class RetentionConfig(_Section):
 
 
 class StoreConfig(_Section):
-    kind: Literal["memory", "sqlite", "redis"] = "memory"
-    """Where task records and event logs live. "memory": in this process, lost on restart; "sqlite":
-    one SQLite file on this host (`path`), kept across restarts; "redis": in a Redis server (Streams)
-    that several replicas share."""
+    kind: Literal["memory", "sqlite", "redis"] = "sqlite"
+    """Where task records and event logs live. "sqlite" (default): one SQLite file on this host
+    (`path`), kept across restarts; "memory": in this process, lost on restart (tests, throw-away
+    runs); "redis": in a Redis server (Streams) that several replicas share."""
     path: str = Field(default="data/gateway.db", min_length=1)
     """The SQLite file (kind "sqlite"), relative to the working directory; its directory is created
     on first start."""

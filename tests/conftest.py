@@ -244,10 +244,13 @@ async def start_gateway(
         else:
             assert upstream_url is not None
             args += ["--upstream-url", upstream_url]
-        if config_text is not None:
-            config_path = Path(tmp) / "gateway.toml"
-            config_path.write_text(config_text, encoding="utf-8")
-            args += ["--config", str(config_path)]
+        # Each gateway gets a store of its own (the default kind, SQLite, in its temporary directory)
+        # unless the test configures one: the default path is shared by everything run from ROOT.
+        if config_text is None or "[store]" not in config_text:
+            config_text = f'{config_text or ""}\n[store]\npath = "{Path(tmp) / "gateway.db"}"\n'
+        config_path = Path(tmp) / "gateway.toml"
+        config_path.write_text(config_text, encoding="utf-8")
+        args += ["--config", str(config_path)]
         args += list(extra_args)
 
         proc = await asyncio.create_subprocess_exec(

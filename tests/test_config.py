@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_no_file_gives_the_defaults() -> None:
     config = load_config(None)
     assert config.server.listen == "127.0.0.1:8765" and config.server.path == "/mcp"
+    assert (config.store.kind, config.store.path) == ("sqlite", "data/gateway.db")  # durable by default
 
 
 def test_the_example_file_is_valid_and_matches_the_defaults() -> None:

@@ -6,7 +6,8 @@ an example this test runs. Each runs on its own, from the repository root, with 
 on PATH: a Python block as a script with the venv's python, a shell block as a `bash -e -o pipefail`
 script. One gateway serves them all, started the way the README (`make run`) starts it:
 `mcp-task-gateway serve --config config/gateway.example.toml --upstream-cmd "<venv>/bin/python
-examples/build_server.py"`, on a free port; the test rewrites the README's `127.0.0.1:8765` to it.
+examples/build_server.py"` (the example config with the SQLite file in a temporary directory), on a
+free port; the test rewrites the README's `127.0.0.1:8765` to it.
 Each example must exit 0 and print no traceback. Long-running examples (`make run`, `docker run`,
 `serve`) stay unmarked.
 """
@@ -91,14 +92,22 @@ def gateway_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     if not command.exists():
         pytest.fail(f"{command} is missing: run the tests with `make test` (it installs the package into .venv)")
     port = free_port()
-    log = tmp_path_factory.mktemp("readme") / "gateway.log"
+    workdir = tmp_path_factory.mktemp("readme")
+    log = workdir / "gateway.log"
+    # The example config as it is but for the SQLite file: its own, not the data/gateway.db that a
+    # `make run` in this checkout may hold.
+    example = (ROOT / "config" / "gateway.example.toml").read_text(encoding="utf-8")
+    config = workdir / "gateway.toml"
+    config.write_text(
+        example.replace('path = "data/gateway.db"', f'path = "{workdir / "gateway.db"}"'), encoding="utf-8"
+    )
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
                 str(command),
                 "serve",
                 "--config",
-                "config/gateway.example.toml",
+                str(config),
                 "--upstream-cmd",
                 f"{BIN / 'python'} examples/build_server.py",
                 "--listen",

@@ -207,6 +207,9 @@ class Gateway:
                     "upstream_poll_max_ms": 3_600_000,
                 },
                 "retention": retention or {},
+                # In-process gateways built by the dozen: each keeps its own stores in memory (the
+                # playbook is about the service; the stores have their contract suites).
+                "store": {"kind": "memory"},
             }
         )
         self.config = config

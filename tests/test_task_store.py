@@ -286,6 +286,21 @@ async def test_expiry_drops_due_records_with_their_outcomes(store: TaskStore) ->
     await store.create(record("short"))  # its id is free again once the record is gone
 
 
+async def test_unfinished_lists_every_owners_records_not_yet_terminal(store: TaskStore) -> None:
+    for task_id, owner in (("t1", "alice"), ("t2", "bob"), ("t3", "alice"), ("t4", "bob")):
+        await store.create(record(task_id, owner=owner))
+    at = "2026-12-01T12:00:01.000Z"
+    await store.update_status("t2", TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, None, at)
+    await store.update_status("t3", TaskStatus.WORKING, TaskStatus.COMPLETED, None, at, outcome=b'{"result":{}}')
+    await store.advance_next_seq("t1", 7)
+    unfinished = {found.id: found for found in await store.unfinished()}
+    assert sorted(unfinished) == ["t1", "t2", "t4"]
+    assert unfinished["t1"].next_seq == 7 and unfinished["t2"].status is TaskStatus.INPUT_REQUIRED
+    assert unfinished["t2"].owner == "bob"
+    await store.expire(NOW + 3600)
+    assert await store.unfinished() == []
+
+
 # ------------------------------------------------------------------------------------------ property tests
 
 OWNERS = ("alice", "bob")

@@ -17,6 +17,7 @@ import contextlib
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -370,11 +371,15 @@ async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO =
     """Run the demo against a gateway in this process; 0 if every step passed, else 1."""
     from gateway.app import build_app  # the composition root; imported here so `tail` stays light
 
+    # The default store (SQLite) in a directory of its own: a demo leaves nothing behind, and runs
+    # beside a gateway that holds data/gateway.db.
+    data = tempfile.TemporaryDirectory(prefix="mcp-task-gateway-demo-")
     config = Config.model_validate(
         {
             "server": {"listen": "127.0.0.1:0"},
             "upstream": {"command": upstream_cmd, "stdio": {"idle_processes": 0}},
             "retention": {"max_events_per_task": RETAINED},
+            "store": {"kind": "sqlite", "path": str(Path(data.name) / "gateway.db")},
         }
     )
     started = time.monotonic()
@@ -383,16 +388,18 @@ async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO =
     write("mcp-task-gateway demo: resumable task event streams (SEP-2694), end to end\n")
     write(f"   upstream: {shlex.join(upstream_cmd)} (stdio; an MCP server without Tasks)\n")
     runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
-    await runner.setup()
     link: FlakyLink | None = None
     try:
+        await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, shutdown_timeout=1.0)
         await site.start()
         port = runner.addresses[0][1]
         url = f"http://127.0.0.1:{port}/mcp"
         link = FlakyLink("127.0.0.1", port)
         link_url = f"http://127.0.0.1:{await link.start()}/mcp"
-        write(f"   gateway:  {url} (in this process; retention {RETAINED} events per task)\n")
+        write(
+            f"   gateway:  {url} (in this process; retention {RETAINED} events per task; SQLite store in {data.name})\n"
+        )
         write("   opening clients A, B and C (each legacy session gets an upstream process of its own)\n")
         out.flush()
         a, b, c = GatewayClient(url), GatewayClient(url), GatewayClient(link_url)
@@ -415,6 +422,7 @@ async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO =
         if link is not None:
             await link.close()
         await runner.cleanup()
+        data.cleanup()
 
 
 async def _keep_running(demo: Demo) -> None:

@@ -120,6 +120,9 @@ class MemoryTaskStore(TaskStore):
         if known is not None and next_seq > known:
             self._next_seqs[task_id] = next_seq
 
+    async def unfinished(self) -> list[TaskRecord]:
+        return [self._current(record) for record in self._records.values() if not record.terminal]
+
     async def expire(self, now: float) -> list[TaskRecord]:
         expired = [self._current(record) for record in list(self._records.values()) if record.expires_at <= now]
         for record in expired:

@@ -214,6 +214,12 @@ class RedisTaskStore(TaskStore):
         hash_key, _ = self._backend.keys.task(task_id)
         await self._backend.scripts.advance_next_seq(keys=[hash_key], args=[next_seq])
 
+    async def unfinished(self) -> list[TaskRecord]:
+        # Every record is in the expiry set: a start-up scan reads them all, in pipelined batches.
+        members = [member.decode() for member in await self._client.zrange(self._backend.keys.expiry, 0, -1)]
+        records = [found[1] for found in await self._read_many(members) if found is not None]
+        return [record for record in records if not record.terminal]
+
     async def expire(self, now: float) -> list[TaskRecord]:
         expired: list[TaskRecord] = []
         for member in await self._client.zrangebyscore(self._backend.keys.expiry, "-inf", repr(now)):

@@ -146,6 +146,18 @@ class SqliteTaskStore(TaskStore):
 
         await self._db.write(update)
 
+    async def unfinished(self) -> list[TaskRecord]:
+        running = tuple(status.value for status in TaskStatus if not status.terminal)
+
+        def select(connection: sqlite3.Connection) -> list[TaskRecord]:
+            # The partial index `tasks_unfinished` holds exactly these rows.
+            rows = connection.execute(
+                f"SELECT {_COLUMNS} FROM tasks WHERE status IN (?, ?) ORDER BY number", running
+            ).fetchall()
+            return [_record(row) for row in rows]
+
+        return await self._db.read(select)
+
     async def expire(self, now: float) -> list[TaskRecord]:
         def delete(connection: sqlite3.Connection) -> list[TaskRecord]:
             rows = connection.execute(

@@ -71,6 +71,8 @@ RESULT_UNAVAILABLE = "result_unavailable"
 """`data.reason` of the error kept when the gateway could not fetch an ended task's outcome."""
 POLL_FAILURES = 3
 """Failed polls in a row (no answer, transport errors) after which the task is failed."""
+CAPTURE_INTERRUPTED = "capture.interrupted"
+"""The event marking a gap in a task's capture: the process watching it ended, this one watches again."""
 STASH_TTL_S = 60.0
 STASH_PER_TASK = 64
 
@@ -186,6 +188,9 @@ class Passthrough:
         self._pushes: dict[str, TaskPushes] = {}
         """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
         self._ask_ids = itertools.count(1)
+        self._renamed: dict[tuple[str, str], str] = {}
+        """(channel tag, upstream id) -> the client's id of a task watched again after a restart: it
+        was named after a conversation of the process that learned it."""
 
     # -- upstream to client: the channel tap ------------------------------------------------------
 
@@ -203,7 +208,7 @@ class Passthrough:
         seen_ids: list[str] = []
 
         def to_client(upstream_id: str) -> str:
-            client_id = f"{tag}.{upstream_id}"
+            client_id = self._renamed.get((tag, upstream_id)) or f"{tag}.{upstream_id}"
             seen_ids.append(client_id)
             return client_id
 
@@ -234,7 +239,7 @@ class Passthrough:
             await self._observe_status(task, jsonrpc.params_of(message), pushed=True)
         elif isinstance(kind, str) and "id" in message:
             self._asked[(ref.channel.tag, message["id"])] = (task, kind)
-            await self._record_input(
+            await self._record_lifecycle(
                 task, "input.requested", method=kind, requestId=message["id"], **summarize_request(message)
             )
         elif kind is not None:
@@ -282,11 +287,11 @@ class Passthrough:
             for key, request in requests.items():
                 if key not in ref.input_keys:
                     ref.input_keys.add(key)
-                    await self._record_input(
+                    await self._record_lifecycle(
                         task, "input.requested", key=key, method=method_of(request), **summarize_request(request)
                     )
 
-    async def _record_input(self, task: Task, name: str, **payload: Any) -> None:
+    async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
         await self.registry.record(task, self.registry.capture.lifecycle(name, **payload))
 
     async def answered(self, channel: UpstreamChannel, response: Message) -> None:
@@ -295,7 +300,7 @@ class Passthrough:
         asked = self._asked.pop((channel.tag, response.get("id")), None)  # type: ignore[arg-type]
         if asked is not None:
             task, method = asked
-            await self._record_input(
+            await self._record_lifecycle(
                 task, "input.answered", method=method, requestId=response.get("id"), **summarize_answer(response)
             )
 
@@ -366,7 +371,7 @@ class Passthrough:
                 poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
                 # The record tells the upstream's times, as it would.
                 created_at=created_at if isinstance(created_at, str) else None,
-                upstream=UpstreamTaskRef(upstream_id, channel.tag),
+                upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
                 hostedBy="upstream",
             )
         except (TaskLimitReached, TaskExists) as exc:
@@ -387,8 +392,57 @@ class Passthrough:
         await self._observe_status(task, view, pushed=False)
         if token is not None:
             self._tokens[(channel.tag, token)] = task
-        # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
+        self._start_watching(task, channel, hold)
+        return task
+
+    async def resume(self, task: Task) -> bool:
+        """Watch again a task a previous process on these stores watched, under its stored upstream
+        id, after a `capture.interrupted` event (what happened upstream meanwhile was not captured; the
+        first poll, at once, records where the task stands now). False when its conversation ended with
+        that process: a 2026-07-28 task on an upstream that does not outlive the gateway (a stdio child),
+        a 2025-11-25 one whose session cannot be rejoined."""
+        stored = task.record.upstream
+        assert stored is not None
+        era = Era(task.record.dialect)
+        rejoined = await self._rejoin(task.id, era, stored)
+        if rejoined is None:
+            return False
+        channel, hold = rejoined
+        channel.tap = self.observe
+        renamed = (channel.tag, stored.upstream_id)
+        self._renamed[renamed] = task.id
+        headers = {"MCP-Protocol-Version": era.value} if era is Era.LEGACY else {}
+        ref = UpstreamTask(channel, stored.upstream_id, era, headers, task.poll_interval_ms)
+        ref.seen = (task.status, task.status_message)
+        ref.last_updated_at = task.last_updated_at
+        task.upstream = ref
+        cause = "the gateway process that watched the task ended; what happened meanwhile was not captured"
+        await self._record_lifecycle(task, CAPTURE_INTERRUPTED, cause=cause)
+        ref.wake.set()
+
+        async def release() -> None:
+            self._renamed.pop(renamed, None)
+            await hold()
+
+        self._start_watching(task, channel, release)
+        return True
+
+    async def _rejoin(self, task_id: str, era: Era, stored: UpstreamTaskRef) -> tuple[UpstreamChannel, Hold] | None:
+        """The conversation holding a task a previous process watched, and what releases it; None if gone."""
         if era is Era.MODERN:
+            if not self._upstream.outlives_gateway:
+                return None
+            holder = contextlib.AsyncExitStack()
+            return await holder.enter_async_context(self._upstream.stateless(task_id)), holder.aclose
+        channel = None if stored.session is None else self._upstream.rejoin(stored.session, era.value)
+        return None if channel is None else (channel, channel.close)
+
+    def _start_watching(self, task: Task, channel: UpstreamChannel, hold: Hold | None) -> None:
+        """Watch `task` on `channel` until it ends: pushes where the upstream sends them, polls, and
+        the conversation's loss."""
+        ref: UpstreamTask = task.upstream
+        # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
+        if ref.era is Era.MODERN:
             self._upstream.pin(task.id, channel)
             if self._upstream.shared_stateless:
                 if channel.tag not in self._pushes:
@@ -402,7 +456,6 @@ class Passthrough:
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         task.cancel = _canceller(watcher)
-        return task
 
     # -- watching --------------------------------------------------------------------------------
 

@@ -42,6 +42,9 @@ class UpstreamTaskRef:
     """The upstream's own task id (clients see `<channel_tag>.<upstream_id>`)."""
     channel_tag: str
     """The tag of the upstream conversation (stdio process, HTTP session) the task belongs to."""
+    session: str | None = None
+    """The conversation's handle beyond the gateway process (a 2025-11-25 HTTP upstream's
+    `Mcp-Session-Id`), for a restarted gateway to watch the task again; None where none outlives it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -233,6 +233,15 @@ class TaskRegistry:
         await self.record(task, lifecycle)
         return task
 
+    async def adopt_unfinished(self) -> list[Task]:
+        """The tasks a previous process on these stores left unfinished, each now this process's
+        `Task` (counted for its owner), for the caller to fail or watch again. Once, before serving."""
+        tasks = [Task(record) for record in await self.store.unfinished()]
+        for task in tasks:
+            self._tasks[task.id] = task
+            self._per_owner[task.owner] += 1
+        return tasks
+
     def check_room(self, owner: str) -> None:
         """Raise TaskLimitReached unless `owner` may create one more task."""
         if len(self._tasks) >= self._config.max_tasks_total:

@@ -120,6 +120,11 @@ class TaskStore(ABC):
         """Record that the task's log reached `next_seq`; a lower value than stored changes nothing."""
 
     @abstractmethod
+    async def unfinished(self) -> list[TaskRecord]:
+        """Every record not yet terminal, any owner's, in no particular order: what a process starting on
+        this store must take over (their runs died with the process that had them)."""
+
+    @abstractmethod
     async def expire(self, now: float) -> list[TaskRecord]:
         """Drop every record whose `expires_at` is at or before `now` (wall-clock seconds), with its
         outcome; the records dropped."""

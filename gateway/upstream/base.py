@@ -282,6 +282,13 @@ class UpstreamChannel(ABC):
         """A short random name for this conversation, unique in the gateway (namespaces upstream ids)."""
         return secrets.token_hex(4)
 
+    @property
+    def rejoin_handle(self) -> str | None:
+        """What names this conversation to the upstream beyond this process (an HTTP upstream's
+        `Mcp-Session-Id`), for a restarted gateway to `Upstream.rejoin` it; None where the
+        conversation ends with the process (a stdio child)."""
+        return None
+
     @functools.cached_property
     def _loss_listeners(self) -> list[LossListener]:
         return []
@@ -336,6 +343,10 @@ class Upstream(ABC):
     """Whether `stateless()` channels carry many requests at once, so a long one (a subscription)
     holds nothing else up. A leased stdio process does not."""
 
+    outlives_gateway = False
+    """Whether the upstream's 2026-07-28 tasks outlive this gateway process (a server of its own, not
+    a child process of the gateway): a restarted gateway can watch them again on `stateless()`."""
+
     @functools.cached_property
     def _failure_listeners(self) -> list[FailureListener]:
         return []
@@ -364,6 +375,11 @@ class Upstream(ABC):
     @abstractmethod
     async def open_session(self) -> UpstreamChannel:
         """A channel dedicated to one legacy (handshake-era) client session."""
+
+    def rejoin(self, handle: str, protocol_version: str) -> UpstreamChannel | None:
+        """A channel on the legacy conversation a previous gateway process held (its `rejoin_handle`),
+        to watch the tasks it holds; None where it cannot exist any more. Closing it ends it upstream."""
+        return None
 
     @abstractmethod
     def stateless(

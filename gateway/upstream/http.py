@@ -127,6 +127,14 @@ class HttpChannel(UpstreamChannel):
         """The upstream `Mcp-Session-Id` (legacy channels, once `initialize` succeeded)."""
         return self._session_id
 
+    @property
+    def rejoin_handle(self) -> str | None:
+        return self._session_id
+
+    def rejoined(self, session_id: str, protocol_version: str) -> None:
+        """Continue the upstream session `session_id` a previous gateway process opened."""
+        self._session_id, self._protocol_version = session_id, protocol_version
+
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
         deadline = self._deadlines(message) if self._deadlines is not None else None
         exchange = Exchange(message["id"], message["method"], self._budget, self, deadline)
@@ -474,6 +482,7 @@ class HttpUpstream(Upstream):
     """An MCP server reached over Streamable HTTP at `url`."""
 
     shared_stateless = True
+    outlives_gateway = True
 
     def __init__(
         self,
@@ -528,6 +537,12 @@ class HttpUpstream(Upstream):
             yield channel
         finally:
             await channel.close()
+
+    def rejoin(self, handle: str, protocol_version: str) -> HttpChannel:
+        channel = self._channel(session=True)
+        channel.rejoined(handle, protocol_version)
+        self._channels.add(channel)
+        return channel
 
     @contextlib.asynccontextmanager
     async def stateless(self, affinity: str | None = None, *, beside: bool = False) -> AsyncIterator[HttpChannel]:
