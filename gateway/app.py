@@ -21,6 +21,7 @@ from gateway import __version__
 from gateway.buffers import BufferBudget
 from gateway.config import Config, parse_listen
 from gateway.deadlines import RequestDeadlines
+from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
@@ -169,6 +170,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
+    auth = EdgeAuth(config.auth, config.server.path)
     endpoint = McpEndpoint(
         config.server,
         upstream,
@@ -177,6 +179,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         metrics,
         rejections,
         budget,
+        auth,
         stream_write_timeout_s=config.tasks.stream_write_timeout_s,
     )
     metrics.tasks.set_function(lambda: len(registry))
@@ -248,6 +251,9 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    if auth.enabled:
+        for path in auth.metadata_paths:
+            app.router.add_get(path, auth.metadata)
     app.cleanup_ctx.append(lifecycle)
     return app
 
