@@ -25,6 +25,7 @@ from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
+from gateway.edge.tokens import JwtTokens
 from gateway.events.capture import Capture
 from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -170,7 +171,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
-    auth = EdgeAuth(config.auth, config.server.path)
+    tokens = JwtTokens(config.auth) if config.auth.mode == "oauth" else None
+    auth = EdgeAuth(config.auth, config.server.path, tokens.validate if tokens is not None else None)
     endpoint = McpEndpoint(
         config.server,
         upstream,
@@ -255,6 +257,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         for path in auth.metadata_paths:
             app.router.add_get(path, auth.metadata)
     app.cleanup_ctx.append(lifecycle)
+    if tokens is not None:
+        app.on_cleanup.append(lambda _: tokens.close())
     return app
 
 
