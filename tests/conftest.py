@@ -230,11 +230,12 @@ async def start_gateway(
     upstream_url: str | None = None,
     config_text: str | None = None,
     extra_args: list[str] = [],  # noqa: B006 - never mutated; the documented signature
+    port: int | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """Run ``python -m gateway serve`` on a free port until the block exits."""
+    """Run ``python -m gateway serve`` on `port` (default: a free one) until the block exits."""
     if (upstream_cmd is None) == (upstream_url is None):
         raise ValueError("give exactly one of upstream_cmd and upstream_url")
-    port = free_port()
+    port = port or free_port()
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/mcp"
     with tempfile.TemporaryDirectory(prefix="gateway-test-") as tmp:

@@ -1,0 +1,149 @@
+"""`[auth] mode = "oauth"` against a real authorization server: npm `oidc-provider` (tests/oidc/, pinned by
+its lock file, installed by `make node_modules`) on a free loopback port, issuing client-credentials JWTs
+whose `aud` is the gateway's resource (resource indicators).
+
+The official SDK client with its `ClientCredentialsOAuthProvider` goes the whole way on its own:
+401 → protected-resource metadata → authorization-server discovery → token → a streamed tools/call
+with every progress and log notification, in both eras. A tool whose rule needs a scope the token
+lacks is hidden from tools/list, and calling it gets 403 `insufficient_scope`, on which the SDK
+re-authorizes with that scope and the call succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import mcp_types as types
+import pytest
+import pytest_asyncio
+from mcp import Client
+from mcp.client.auth import TokenStorage
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+from tests.conftest import (
+    EXAMPLE_SERVER,
+    READY_TIMEOUT,
+    ROOT,
+    RunningGateway,
+    free_port,
+    start_gateway,
+    stop_process,
+    wait_for_port,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+PROVIDER = ROOT / "tests" / "oidc" / "provider.mjs"
+CLIENT_ID = "gateway-test-client"
+CLIENT_SECRET = "gateway-test-secret-0123456789abcdef"
+
+if not (ROOT / "tests" / "oidc" / "node_modules" / "oidc-provider").is_dir() or shutil.which("node") is None:
+    pytest.fail("oidc-provider is not installed: run `make node_modules` (needs Node.js 20+)", pytrace=False)
+
+
+class MemoryTokens(TokenStorage):
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+@dataclass
+class Setup:
+    gateway: RunningGateway
+    issuer: str
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup]:
+    as_port, gw_port = free_port(), free_port()
+    issuer = f"http://127.0.0.1:{as_port}"
+    resource = f"http://127.0.0.1:{gw_port}/mcp"
+    log: Path = tmp_path_factory.mktemp("oidc") / "provider.log"
+    with log.open("wb") as out:
+        provider = await asyncio.create_subprocess_exec(
+            "node", str(PROVIDER), str(as_port), resource, CLIENT_ID, CLIENT_SECRET,
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        await wait_for_port("127.0.0.1", as_port, READY_TIMEOUT)
+        config = f"""
+[auth]
+mode = "oauth"
+resource = "{resource}"
+authorization_servers = ["{issuer}"]
+scopes_supported = ["read"]
+principal_claims = ["iss", "client_id"]
+
+[auth.jwt]
+issuer = "{issuer}"
+
+[[auth.rules]]
+match = "whoami"
+scopes = ["deploy"]
+hide = true
+"""
+        async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config, port=gw_port) as gw:
+            yield Setup(gw, issuer)
+    finally:
+        await stop_process(provider)
+
+
+def oauth_client(setup: Setup, mode: str, scope: str, **kwargs: object) -> Client:
+    provider = ClientCredentialsOAuthProvider(
+        server_url=setup.gateway.url,
+        storage=MemoryTokens(),
+        client_id=CLIENT_ID,
+        client_secret=CLIENT_SECRET,
+        scope=scope,
+        issuer=setup.issuer,
+    )
+    transport = streamable_http_client(setup.gateway.url, http_client=create_mcp_http_client(auth=provider))
+    return Client(transport, mode=mode, cache=None, read_timeout_seconds=30, log_level="debug", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_sdk_client_discovers_gets_a_token_and_streams_a_call(setup: Setup, mode: str) -> None:
+    seen: list[float] = []
+    logs: list[object] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
+    async with asyncio.timeout(60), oauth_client(setup, mode, "read", logging_callback=on_log) as client:
+        result = await client.call_tool("run_tests", {"count": 4, "delay": 0.01}, progress_callback=on_progress)
+        assert not result.is_error, result
+        assert len(seen) == 4, seen
+        assert logs, "no log notification came through"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_missing_scope_hides_the_tool_and_the_sdk_steps_up_on_403(setup: Setup, mode: str) -> None:
+    async with asyncio.timeout(60), oauth_client(setup, mode, "read") as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "whoami" not in names and "run_tests" in names, names
+        # 403 insufficient_scope scope="deploy": the SDK asks for a token with that scope and retries.
+        result = await client.call_tool("whoami", {})
+        assert not result.is_error, result
+        assert "whoami" in {tool.name for tool in (await client.list_tools()).tools}
