@@ -25,7 +25,7 @@ from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
-from gateway.edge.tokens import JwtTokens
+from gateway.edge.tokens import OAuthTokens
 from gateway.events.capture import Capture
 from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -171,7 +171,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
-    tokens = JwtTokens(config.auth) if config.auth.mode == "oauth" else None
+    tokens = OAuthTokens(config.auth) if config.auth.mode == "oauth" else None
     auth = EdgeAuth(config.auth, config.server.path, tokens.validate if tokens is not None else None)
     endpoint = McpEndpoint(
         config.server,

@@ -31,9 +31,8 @@ KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
         ("[auth]\nmode = 'oauth'\nresource = 'http://gw/mcp'\n", "needs at least one authorization_servers"),
         (
             "[auth]\nmode = 'oauth'\nresource = 'http://gw/mcp'\nauthorization_servers = ['http://as']\n",
-            "needs [auth.jwt] issuer",
+            "needs [auth.jwt] issuer or [auth.introspection] endpoint",
         ),
-        ("[auth.introspection]\nendpoint = 'http://as/introspect'\n", "introspection is not implemented yet"),
         ("[auth.jwt]\nalgorithms = ['HS256']\n", "auth.jwt.algorithms: Value error, ['HS256'] not allowed"),
         ("[auth.jwt]\nalgorithms = ['none']\n", "auth.jwt.algorithms: Value error, ['none'] not allowed"),
         ("[[auth.rules]]\nscopes = ['x']\n", "auth.rules.0.match: Field required"),

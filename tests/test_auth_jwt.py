@@ -1,6 +1,6 @@
 """`[auth] mode = "oauth"` with JWT access tokens: keys generated here, served as a JWKS on loopback.
 
-The validator (`gateway.edge.tokens.JwtTokens`) against a real JWKS endpoint: every token case
+The validator (`gateway.edge.tokens.OAuthTokens`) against a real JWKS endpoint: every token case
 (expired, not yet valid, wrong issuer, wrong audience, `alg: none`, HS256 signed with the public key,
 unknown `kid` refetching once within the throttle, a rotated key, the endpoint down with keys cached),
 the validated-token cache; then the real gateway in oauth mode answering them with the documented
@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gateway.config import AuthConfig, JwtConfig
 from gateway.edge.auth import InvalidToken
-from gateway.edge.tokens import JwtTokens
+from gateway.edge.tokens import OAuthTokens
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.wire import MODERN
 from tests.wire import Client as WireClient
@@ -139,10 +139,10 @@ def key1() -> SigningKey:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def tokens(key1: SigningKey) -> AsyncIterator[tuple[JwtTokens, Jwks, Clock]]:
+async def tokens(key1: SigningKey) -> AsyncIterator[tuple[OAuthTokens, Jwks, Clock]]:
     clock = Clock()
     async with jwks_server([key1]) as jwks:
-        validator = JwtTokens(auth_config(jwks.url), clock=clock)
+        validator = OAuthTokens(auth_config(jwks.url), clock=clock)
         try:
             yield validator, jwks, clock
         finally:
@@ -150,7 +150,7 @@ async def tokens(key1: SigningKey) -> AsyncIterator[tuple[JwtTokens, Jwks, Clock
 
 
 async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
-    tokens: tuple[JwtTokens, Jwks, Clock], key1: SigningKey
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, clock = tokens
     token = key1.sign(claims())
@@ -174,7 +174,7 @@ async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
     ],
 )
 async def test_bad_claims_are_refused_with_the_reason(
-    tokens: tuple[JwtTokens, Jwks, Clock], key1: SigningKey, token_claims: dict[str, Any], reason: str
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey, token_claims: dict[str, Any], reason: str
 ) -> None:
     validator, _, _ = tokens
     with pytest.raises(InvalidToken) as refused:
@@ -183,7 +183,7 @@ async def test_bad_claims_are_refused_with_the_reason(
 
 
 async def test_alg_none_and_hs256_with_the_public_key_are_refused(
-    tokens: tuple[JwtTokens, Jwks, Clock], key1: SigningKey
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, _ = tokens
     none = unsigned({"alg": "none", "kid": "k1"}, claims())
@@ -195,7 +195,7 @@ async def test_alg_none_and_hs256_with_the_public_key_are_refused(
 
 
 async def test_an_unknown_kid_refetches_once_per_throttle_and_a_rotated_key_is_learned(
-    tokens: tuple[JwtTokens, Jwks, Clock], key1: SigningKey
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, clock = tokens
     await validator.validate(key1.sign(claims()))
@@ -213,7 +213,7 @@ async def test_an_unknown_kid_refetches_once_per_throttle_and_a_rotated_key_is_l
 
 
 async def test_the_last_good_keys_serve_while_the_endpoint_is_down(
-    tokens: tuple[JwtTokens, Jwks, Clock], key1: SigningKey
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, clock = tokens
     await validator.validate(key1.sign(claims(sub="one")))
@@ -226,7 +226,7 @@ async def test_the_last_good_keys_serve_while_the_endpoint_is_down(
 async def test_es256_keys_validate_too() -> None:
     es = SigningKey("e1", "ES256", ec.generate_private_key(ec.SECP256R1()))
     async with jwks_server([es]) as jwks:
-        validator = JwtTokens(auth_config(jwks.url))
+        validator = OAuthTokens(auth_config(jwks.url))
         try:
             assert (await validator.validate(es.sign(claims())))[1] == {"read", "deploy"}
         finally:

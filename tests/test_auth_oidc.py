@@ -12,11 +12,14 @@ re-authorizes with that scope and the call succeeds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import mcp_types as types
 import pytest
 import pytest_asyncio
@@ -37,12 +40,15 @@ from tests.conftest import (
     stop_process,
     wait_for_port,
 )
+from tests.wire import MODERN
+from tests.wire import Client as WireClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 PROVIDER = ROOT / "tests" / "oidc" / "provider.mjs"
 CLIENT_ID = "gateway-test-client"
 CLIENT_SECRET = "gateway-test-secret-0123456789abcdef"
+SECRET_ENV = "GATEWAY_TEST_INTROSPECTION_SECRET"
 
 if not (ROOT / "tests" / "oidc" / "node_modules" / "oidc-provider").is_dir() or shutil.which("node") is None:
     pytest.fail("oidc-provider is not installed: run `make node_modules` (needs Node.js 20+)", pytrace=False)
@@ -72,15 +78,16 @@ class Setup:
     issuer: str
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup]:
+@contextlib.asynccontextmanager
+async def authorization_stack(log: Path, token_format: str, tokens_config: str) -> AsyncIterator[Setup]:
+    """oidc-provider issuing `token_format` tokens, and the gateway in oauth mode in front of the example
+    server, its `[auth]` ending with `tokens_config` (`{issuer}` filled in)."""
     as_port, gw_port = free_port(), free_port()
     issuer = f"http://127.0.0.1:{as_port}"
     resource = f"http://127.0.0.1:{gw_port}/mcp"
-    log: Path = tmp_path_factory.mktemp("oidc") / "provider.log"
     with log.open("wb") as out:
         provider = await asyncio.create_subprocess_exec(
-            "node", str(PROVIDER), str(as_port), resource, CLIENT_ID, CLIENT_SECRET,
+            "node", str(PROVIDER), str(as_port), resource, CLIENT_ID, CLIENT_SECRET, token_format,
             stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
         )  # fmt: skip
     try:
@@ -92,9 +99,7 @@ resource = "{resource}"
 authorization_servers = ["{issuer}"]
 scopes_supported = ["read"]
 principal_claims = ["iss", "client_id"]
-
-[auth.jwt]
-issuer = "{issuer}"
+{tokens_config.format(issuer=issuer)}
 
 [[auth.rules]]
 match = "whoami"
@@ -105,6 +110,30 @@ hide = true
             yield Setup(gw, issuer)
     finally:
         await stop_process(provider)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup]:
+    """JWT access tokens, validated with the keys discovered from the issuer."""
+    log = tmp_path_factory.mktemp("oidc") / "provider.log"
+    async with authorization_stack(log, "jwt", '[auth.jwt]\nissuer = "{issuer}"') as stack:
+        yield stack
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def opaque(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup]:
+    """Opaque access tokens, introspected on every request (token_cache_s = 0, so a revocation counts at once)."""
+    log = tmp_path_factory.mktemp("oidc-opaque") / "provider.log"
+    os.environ[SECRET_ENV] = CLIENT_SECRET
+    introspection = (
+        'token_cache_s = 0.0\n[auth.introspection]\nendpoint = "{issuer}/token/introspection"\n'
+        f'client_id = "{CLIENT_ID}"\nclient_secret_env = "{SECRET_ENV}"'
+    )
+    try:
+        async with authorization_stack(log, "opaque", introspection) as stack:
+            yield stack
+    finally:
+        del os.environ[SECRET_ENV]
 
 
 def oauth_client(setup: Setup, mode: str, scope: str, **kwargs: object) -> Client:
@@ -147,3 +176,31 @@ async def test_a_missing_scope_hides_the_tool_and_the_sdk_steps_up_on_403(setup:
         result = await client.call_tool("whoami", {})
         assert not result.is_error, result
         assert "whoami" in {tool.name for tool in (await client.list_tools()).tools}
+
+
+# -- opaque tokens, introspected --------------------------------------------------------------------
+
+
+async def test_the_sdk_client_works_with_opaque_tokens(opaque: Setup) -> None:
+    async with asyncio.timeout(60), oauth_client(opaque, "2026-07-28", "read") as client:
+        result = await client.call_tool("echo", {"text": "opaque"})
+        assert not result.is_error, result
+
+
+async def test_a_revoked_opaque_token_gets_401(opaque: Setup, http: aiohttp.ClientSession) -> None:
+    login = aiohttp.BasicAuth(CLIENT_ID, CLIENT_SECRET)
+    form = {"grant_type": "client_credentials", "scope": "read", "resource": opaque.gateway.url}
+    async with http.post(f"{opaque.issuer}/token", data=form, auth=login) as response:
+        assert response.status == 200, await response.text()
+        token = (await response.json())["access_token"]
+    assert token.count(".") != 2, "oidc-provider issued a JWT, not an opaque token"
+    client = WireClient(http, opaque.gateway.url, MODERN)
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert (await client.request("tools/list", headers=bearer)).status == 200
+    async with http.post(f"{opaque.issuer}/token/revocation", data={"token": token}, auth=login) as response:
+        assert response.status == 200, await response.text()
+    refused = await client.request("tools/list", headers=bearer)
+    assert refused.status == 401, refused.messages
+    assert refused.headers["WWW-Authenticate"].endswith(
+        'error="invalid_token", error_description="not active (introspection)"'
+    )

@@ -23,6 +23,7 @@ import jwt
 
 from gateway.config import AuthConfig
 from gateway.edge.auth import InvalidToken
+from gateway.edge.introspection import Introspector
 
 log = logging.getLogger("gateway.edge.auth")
 
@@ -130,8 +131,11 @@ def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(str(item) for item in scp) if isinstance(scp, list) else frozenset()
 
 
-class JwtTokens:
-    """Validates JWT access tokens for `[auth]`: (the caller's identity, its scopes), or InvalidToken."""
+class OAuthTokens:
+    """Validates OAuth access tokens for `[auth]`: (the caller's identity, its scopes), or InvalidToken.
+
+    A token shaped like a JWT is verified locally when `[auth.jwt] issuer` is set; any other goes to
+    introspection when `[auth.introspection] endpoint` is set."""
 
     def __init__(self, config: AuthConfig, clock: Any = time.monotonic, wall_clock: Any = time.time) -> None:
         self._config = config
@@ -139,10 +143,13 @@ class JwtTokens:
         self._clock = clock
         self._wall_clock = wall_clock
         self.keys = KeySet(config, clock)
+        self._introspector = Introspector(config) if config.introspection.endpoint else None
         self._cache: dict[bytes, tuple[float, str, frozenset[str]]] = {}
 
     async def close(self) -> None:
         await self.keys.close()
+        if self._introspector is not None:
+            await self._introspector.close()
 
     async def validate(self, token: str) -> tuple[str, frozenset[str]]:
         digest = hashlib.sha256(token.encode()).digest()
@@ -150,18 +157,28 @@ class JwtTokens:
         now = self._clock()
         if cached is not None and now < cached[0]:
             return cached[1], cached[2]
-        claims = await self._verified_claims(token)
+        claims = await self._claims(token)
         missing = [name for name in self._config.principal_claims if not isinstance(claims.get(name), str)]
         if missing:
             raise InvalidToken(f"no {', '.join(missing)} claim to name the caller")
         identity = "\x1f".join(claims[name] for name in self._config.principal_claims)
         scopes = scopes_of(claims)
-        lifetime = min(float(claims["exp"]) - self._wall_clock(), self._config.token_cache_s)
+        expires = claims.get("exp")
+        lifetime = self._config.token_cache_s
+        if isinstance(expires, int | float):
+            lifetime = min(float(expires) - self._wall_clock(), lifetime)
         if lifetime > 0:
             if len(self._cache) >= MAX_CACHED_TOKENS:
                 self._cache.clear()
             self._cache[digest] = (now + lifetime, identity, scopes)
         return identity, scopes
+
+    async def _claims(self, token: str) -> dict[str, Any]:
+        if self._config.jwt.issuer and token.count(".") == 2:
+            return await self._verified_claims(token)
+        if self._introspector is not None:
+            return await self._introspector.claims(token)
+        raise InvalidToken("not a JWT")
 
     async def _verified_claims(self, token: str) -> dict[str, Any]:
         try:

@@ -1,10 +1,12 @@
 // A real OAuth 2.1 authorization server for the tests (npm oidc-provider, pinned in package-lock.json).
-// Usage: node provider.mjs PORT RESOURCE CLIENT_ID CLIENT_SECRET
+// Usage: node provider.mjs PORT RESOURCE CLIENT_ID CLIENT_SECRET FORMAT
 // The issuer is http://127.0.0.1:PORT (no trailing slash). Client-credentials tokens for RESOURCE are
-// RS256 JWTs whose aud is RESOURCE (resource indicators); scopes "read" and "deploy" may be granted.
+// RS256 JWTs (FORMAT "jwt") or opaque (FORMAT "opaque", for introspection at /token/introspection)
+// whose aud is RESOURCE (resource indicators); scopes "read" and "deploy" may be granted. The same
+// client may introspect and revoke them.
 import Provider from "oidc-provider";
 
-const [port, resource, clientId, clientSecret] = process.argv.slice(2);
+const [port, resource, clientId, clientSecret, format] = process.argv.slice(2);
 const scopes = "read deploy";
 const provider = new Provider(`http://127.0.0.1:${port}`, {
   clients: [
@@ -21,7 +23,7 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
-    introspection: { enabled: true },
+    introspection: { enabled: true, allowedPolicy: () => true },
     revocation: { enabled: true },
     resourceIndicators: {
       enabled: true,
@@ -29,7 +31,7 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, indicator) => {
         if (indicator !== resource) throw new Error(`unknown resource ${indicator}`);
-        return { scope: scopes, audience: resource, accessTokenFormat: "jwt", accessTokenTTL: 600, jwt: { sign: { alg: "RS256" } } };
+        return { scope: scopes, audience: resource, accessTokenFormat: format, accessTokenTTL: 600, jwt: { sign: { alg: "RS256" } } };
       },
     },
   },
