@@ -13,6 +13,7 @@ Handlers rely on aiohttp's `handler_cancellation` to learn that a client went aw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -23,12 +24,14 @@ from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
 from gateway.edge.auth import AuthRefused, EdgeAuth, Principal
+from gateway.edge.limits import PrincipalLimits, RateLimited
 from gateway.edge.rejections import Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import unknown_task
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
@@ -42,6 +45,9 @@ from gateway.upstream.base import Upstream, UpstreamChannel
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
+
+UNKNOWN_TASK = unknown_task(None).message
+"""The answer to an unknown (or another principal's) task id: a failed lookup for `[auth.limits]`."""
 
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 
@@ -65,6 +71,8 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
     headers = {"Allow": "POST"} if status == 405 else {}
     if isinstance(error, AuthRefused):
         headers["WWW-Authenticate"] = error.challenge
+    if isinstance(error, RateLimited):
+        headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(retry_after_s)
     return json_response(message, status, headers)
@@ -86,6 +94,7 @@ class McpEndpoint:
     ) -> None:
         self._config = config
         self._auth = auth
+        self._limits = PrincipalLimits(auth.config.limits) if auth.enabled else None
         self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
@@ -100,6 +109,8 @@ class McpEndpoint:
             checks.check_host(request.headers.get("Host"), self._config.allowed_hosts)
             checks.check_origin(request.headers.get("Origin"), self._config.allowed_origins)
             principal = await self._auth.authenticate(request)
+            if self._limits is not None:
+                self._limits.admit(principal.owner)
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
             if request.method == "POST":
                 return await self._post(request, era, principal)
@@ -273,9 +284,20 @@ class McpEndpoint:
     # -- carrying out the service's plan -----------------------------------------------------------
 
     async def _dispatch(self, request: web.Request, call: TaskCall, principal: Principal) -> web.StreamResponse:
+        limits = self._limits
+        names_task = call.method.startswith("tasks/") and "taskId" in jsonrpc.params_of(call.message)
         try:
-            return await self._carry_out(request, call, await self._service.plan(call), principal)
+            with contextlib.ExitStack() as held:
+                if limits is not None and names_task:
+                    limits.check_lookups(call.owner)
+                if limits is not None and call.method == "tasks/stream":
+                    held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
+                return await self._carry_out(request, call, await self._service.plan(call), principal)
         except ProtocolError as error:
+            if limits is not None and names_task and error.message == UNKNOWN_TASK:
+                limits.lookup_failed(call.owner)
+            if isinstance(error, RateLimited):
+                self._rejections.refused(error, request.remote)
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"

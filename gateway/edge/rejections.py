@@ -30,8 +30,19 @@ FRAMING = "framing"
 MAX_LOGGED_CHARS = 300
 """Refusal messages may quote client headers (up to aiohttp's 8 KiB each); the log keeps their start."""
 
-AUTH_REASONS = frozenset({"unauthorized", "invalid_token", "invalid_request", "insufficient_scope"})
-"""What `gateway.edge.auth.AuthRefused` says in `data.reason`: each its own label."""
+AUTH_REASONS = frozenset(
+    {
+        "unauthorized",
+        "invalid_token",
+        "invalid_request",
+        "insufficient_scope",
+        "rate_limited",
+        "lookup_budget",
+        "max_streams",
+    }
+)
+"""What `gateway.edge.auth.AuthRefused` and `gateway.edge.limits.RateLimited` say in `data.reason`: each its
+own label."""
 _REASON_BY_STATUS = {
     403: "origin",
     404: "not_found",
@@ -56,11 +67,7 @@ _REASON_BY_CODE = {
 
 def reason_of(error: ProtocolError) -> str:
     """The metric label for a refusal: a small fixed set, from its HTTP status and JSON-RPC code."""
-    if (
-        error.http_status in (400, 401, 403)
-        and isinstance(error.data, dict)
-        and error.data.get("reason") in AUTH_REASONS
-    ):
+    if isinstance(error.data, dict) and error.data.get("reason") in AUTH_REASONS:
         return str(error.data["reason"])
     return _REASON_BY_STATUS.get(error.http_status) or _REASON_BY_CODE.get(error.code, "invalid")
 
