@@ -42,6 +42,7 @@ from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
 from gateway.tasks.service import TaskService
 from gateway.tasks.store import TaskStore
+from gateway.tls import tls_context
 from gateway.upstream.base import Upstream
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -265,13 +266,14 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
 async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
     host, port = parse_listen(config.server.listen)
+    tls = tls_context(config.server)
     runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
+    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
     try:
         await site.start()
         shown_host = f"[{host}]" if ":" in host else host
-        url = f"http://{shown_host}:{port}{config.server.path}"
+        url = f"{'https' if tls else 'http'}://{shown_host}:{port}{config.server.path}"
         # Listening, not necessarily usable: readiness logs the upstream's state on its own.
         log.info("gateway listening", extra={"url": url})
         if on_ready is not None:

@@ -59,6 +59,16 @@ class ServerConfig(_Section):
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
     resume: ResumeConfig = Field(default_factory=ResumeConfig)
+    tls_cert: str = ""
+    """A PEM certificate (chain): the gateway serves HTTPS itself when set (with `tls_key`)."""
+    tls_key: str = ""
+    """The PEM private key of `tls_cert`."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("set both tls_cert and tls_key, or neither")
+        return self
 
     @field_validator("listen")
     @classmethod
