@@ -3,8 +3,8 @@
 Two principals, A and B (each an api key), against one gateway: the 401/400 shapes and the
 protected-resource metadata, the open health endpoints, the official SDK client sending its key in
 both eras, per-tool scopes (hidden from tools/list, 403 on call), and the matrix: every task method of
-B on A's task answers byte for byte like one on a random id, in both eras, and A's session id is 404
-for B. The client's key never reaches the upstream.
+B on A's task answers byte for byte like one on a random id, for hosted tasks in both eras and for
+pass-through tasks (server-everything, 2025-11-25), and A's session id is 404 for B. The client's key never reaches the upstream.
 """
 
 from __future__ import annotations
@@ -282,3 +282,28 @@ async def test_the_client_key_never_reaches_the_upstream(http_a: aiohttp.ClientS
     for headers in seen:
         assert "authorization" not in headers, headers
         assert not any(KEY_A in value for value in headers.values()), headers
+
+
+# -- the matrix for pass-through tasks: server-everything hosts them --------------------------------
+
+
+async def test_b_cannot_tell_a_passthrough_task_of_a_from_a_random_id(
+    http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession
+) -> None:
+    from tests.test_upstream_with_tasks import TOOL, node_command
+
+    async with asyncio.timeout(90), start_gateway(upstream_cmd=node_command(), config_text=CONFIG) as gw:
+        a, b = WireClient(http_a, gw.url), WireClient(http_b, gw.url)
+        await a.initialize()
+        await b.initialize()
+        created = await a.result("tools/call", {"name": TOOL, "arguments": {"topic": "auth"}, "task": {"ttl": 60000}})
+        task_id = created["task"]["taskId"]
+        for method in LEGACY_METHODS:
+            foreign = await answer(b, method, task_id)
+            unknown = await answer(b, method, str(uuid.uuid4()))
+            assert foreign == unknown, (method, foreign, unknown)
+            assert foreign[1].count(b'"error"') == 1, (method, foreign)
+        assert task_id not in {task["taskId"] for task in (await b.result("tasks/list"))["tasks"]}
+        assert task_id in {task["taskId"] for task in (await a.result("tasks/list"))["tasks"]}
+        assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "working"
+        assert (await a.via(http_b).request("tools/list")).status == 404
