@@ -4,7 +4,8 @@ Two principals, A and B (each an api key), against one gateway: the 401/400 shap
 protected-resource metadata, the open health endpoints, the official SDK client sending its key in
 both eras, per-tool scopes (hidden from tools/list, 403 on call), and the matrix: every task method of
 B on A's task answers byte for byte like one on a random id, for hosted tasks in both eras and for
-pass-through tasks (server-everything, 2025-11-25), and A's session id is 404 for B. The client's key never reaches the upstream.
+pass-through tasks (server-everything, 2025-11-25), and A's session id is 404 for B. The client's key
+never reaches the upstream.
 """
 
 from __future__ import annotations
