@@ -259,6 +259,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
             app.router.add_get(path, auth.metadata)
     app.cleanup_ctx.append(lifecycle)
     if tokens is not None:
+        app.on_startup.append(lambda _: tokens.start())
         app.on_cleanup.append(lambda _: tokens.close())
     return app
 

@@ -79,9 +79,12 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def authorization_stack(log: Path, token_format: str, tokens_config: str) -> AsyncIterator[Setup]:
+async def authorization_stack(
+    log: Path, token_format: str, tokens_config: str, advertised_suffix: str = ""
+) -> AsyncIterator[Setup]:
     """oidc-provider issuing `token_format` tokens, and the gateway in oauth mode in front of the example
-    server, its `[auth]` ending with `tokens_config` (`{issuer}` filled in)."""
+    server, its `[auth]` ending with `tokens_config` (`{issuer}` filled in); it advertises the issuer
+    followed by `advertised_suffix`."""
     as_port, gw_port = free_port(), free_port()
     issuer = f"http://127.0.0.1:{as_port}"
     resource = f"http://127.0.0.1:{gw_port}/mcp"
@@ -96,7 +99,7 @@ async def authorization_stack(log: Path, token_format: str, tokens_config: str) 
 [auth]
 mode = "oauth"
 resource = "{resource}"
-authorization_servers = ["{issuer}"]
+authorization_servers = ["{issuer}{advertised_suffix}"]
 scopes_supported = ["read"]
 principal_claims = ["iss", "client_id"]
 {tokens_config.format(issuer=issuer)}
@@ -204,3 +207,13 @@ async def test_a_revoked_opaque_token_gets_401(opaque: Setup, http: aiohttp.Clie
     assert refused.headers["WWW-Authenticate"].endswith(
         'error="invalid_token", error_description="not active (introspection)"'
     )
+
+
+async def test_an_advertised_server_unlike_its_issuer_is_warned_about(tmp_path: Path) -> None:
+    async with asyncio.timeout(60):
+        stack = authorization_stack(tmp_path / "provider.log", "jwt", '[auth.jwt]\nissuer = "{issuer}"', "/")
+        async with stack as mismatched:
+            warning = f"authorization server {mismatched.issuer}/: its metadata says issuer '{mismatched.issuer}'"
+            # The output is a list the gateway's drain task appends to: nothing to wait on but itself.
+            while not any(warning in line for line in mismatched.gateway.output):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)

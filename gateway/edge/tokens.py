@@ -12,6 +12,7 @@ validated token is remembered by its sha256 until min(its `exp`, `[auth] token_c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -92,23 +93,36 @@ class KeySet:
     async def _uri(self) -> str:
         if self._jwks_uri:
             return self._jwks_uri
-        issuer = self._jwt.issuer.rstrip("/")
+        metadata = await self.server_metadata(self._jwt.issuer)
+        if metadata is None or not isinstance(metadata.get("jwks_uri"), str):
+            raise ValueError(f"no jwks_uri in the metadata of {self._jwt.issuer}")
+        self._jwks_uri = metadata["jwks_uri"]
+        return self._jwks_uri
+
+    async def server_metadata(self, server: str) -> Mapping[str, Any] | None:
+        """An authorization server's RFC 8414 metadata (or its OpenID configuration); None if neither answers."""
+        base = server.rstrip("/")
         for well_known in ("/.well-known/oauth-authorization-server", "/.well-known/openid-configuration"):
             try:
-                metadata = await self._get_json(issuer + well_known)
-            except (aiohttp.ClientError, ValueError):
+                return await self._get_json(base + well_known)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
                 continue
-            if metadata.get("issuer") not in self._servers:
+        return None
+
+    async def check_servers(self) -> None:
+        """At start-up: warn for each advertised authorization server whose metadata cannot be fetched,
+        or whose `issuer` differs from the advertised string (SDK clients compare them byte for byte)."""
+        for server in self._servers:
+            metadata = await self.server_metadata(server)
+            if metadata is None:
+                log.warning("authorization server %s: no metadata at its well-known URLs", server)
+            elif metadata.get("issuer") != server:
                 log.warning(
-                    "the authorization server's issuer %r is not in [auth] authorization_servers %r "
-                    "byte for byte: SDK clients will refuse it",
+                    "authorization server %s: its metadata says issuer %r; advertise exactly that in [auth] "
+                    "authorization_servers, or clients refuse it",
+                    server,
                     metadata.get("issuer"),
-                    self._servers,
                 )
-            if isinstance(metadata.get("jwks_uri"), str):
-                self._jwks_uri = metadata["jwks_uri"]
-                return self._jwks_uri
-        raise ValueError(f"no jwks_uri in the metadata of {issuer}")
 
     async def _get_json(self, url: str) -> Mapping[str, Any]:
         if self._session is None:
@@ -145,8 +159,17 @@ class OAuthTokens:
         self.keys = KeySet(config, clock)
         self._introspector = Introspector(config) if config.introspection.endpoint else None
         self._cache: dict[bytes, tuple[float, str, frozenset[str]]] = {}
+        self._check: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Check the advertised authorization servers in the background (warnings only)."""
+        self._check = asyncio.create_task(self.keys.check_servers())
 
     async def close(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._check
         await self.keys.close()
         if self._introspector is not None:
             await self._introspector.close()
