@@ -105,6 +105,7 @@ class McpEndpoint:
         self._relay = RelaySettings(metrics, config.keepalive_s, config.flush_interval_ms / 1000)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        principal: Principal | None = None
         try:
             checks.check_host(request.headers.get("Host"), self._config.allowed_hosts)
             checks.check_origin(request.headers.get("Origin"), self._config.allowed_origins)
@@ -126,7 +127,7 @@ class McpEndpoint:
             return await self._delete(request, principal)
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
-            self._rejections.refused(error, request.remote)
+            self._rejections.refused(error, request.remote, principal.owner if principal else None)
             return self._error_response(error)
 
     def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
@@ -297,7 +298,7 @@ class McpEndpoint:
             if limits is not None and names_task and error.message == UNKNOWN_TASK:
                 limits.lookup_failed(call.owner)
             if isinstance(error, RateLimited):
-                self._rejections.refused(error, request.remote)
+                self._rejections.refused(error, request.remote, call.owner)
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"

@@ -102,12 +102,13 @@ class Rejections:
         self._metrics = metrics
         self._log = RateLimitedLog(log, log_interval_s)
 
-    def refused(self, error: ProtocolError, remote: str | None) -> None:
-        """The edge answered a request with `error` (a client mistake, not a gateway fault)."""
+    def refused(self, error: ProtocolError, remote: str | None, principal: str | None = None) -> None:
+        """The edge answered a request with `error` (a client mistake, not a gateway fault); `principal`
+        is the caller's keyed hash once it was authenticated."""
         reason = reason_of(error)
         self._metrics.rejected_requests.labels(reason=reason).inc()
         text = f"refused a request: HTTP {error.http_status} {error.message}"
-        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote)
+        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote, principal=principal)
 
     def malformed_http(self, error: HttpProcessingError, remote: object) -> None:
         """aiohttp's parser refused what a client sent (answered 400 and closed by aiohttp)."""
