@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import shlex
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError, load_config
-from tests.conftest import EXAMPLE_SERVER, GATEWAY_CMD, READY_TIMEOUT, ROOT, _child_env, free_port, stop_process
+from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
 
 KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
 
@@ -72,21 +71,9 @@ def test_mode_none_refuses_a_non_loopback_listen_address_in_one_line(capsys: pyt
 
 
 async def test_allow_unauthenticated_starts_and_warns() -> None:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *GATEWAY_CMD, "serve", "--listen", f"0.0.0.0:{port}", "--allow-unauthenticated",
-        "--upstream-cmd", shlex.join(EXAMPLE_SERVER),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=_child_env(), cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(READY_TIMEOUT):
-            while not any("listening on http://0.0.0.0" in line for line in lines):
-                raw = await proc.stdout.readline()
-                assert raw, "\n".join(lines)
-                lines.append(raw.decode())
-    finally:
-        await stop_process(proc)
-    assert any("anyone who can reach it can call every tool" in line and "warning" in line for line in lines), lines
+    extra = ["--allow-unauthenticated"]
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, host="0.0.0.0", extra_args=extra) as gw:
+        assert gw.proc.returncode is None
+    # Read once the gateway stopped: both of its output pipes are drained to their end by then.
+    warnings = [line for line in gw.output if "anyone who can reach it can call every tool" in line]
+    assert len(warnings) == 1 and "warning" in warnings[0], gw.output

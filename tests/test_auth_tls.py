@@ -7,7 +7,6 @@ import asyncio
 import datetime
 import hashlib
 import ipaddress
-import shlex
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.config import ConfigError, ServerConfig
 from gateway.tls import tls_context
-from tests.conftest import EXAMPLE_SERVER, GATEWAY_CMD, READY_TIMEOUT, ROOT, _child_env, free_port, stop_process
+from tests.conftest import EXAMPLE_SERVER, start_gateway
 
 KEY = "tls-test-key"
 
@@ -55,29 +54,13 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def https_gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Path]]:
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = self_signed(directory)
-    config = directory / "gateway.toml"
-    config.write_text(
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+    config = (
         f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n[auth]\nmode = "api_key"\n'
         f'[[auth.api_keys]]\nname = "tls"\nsha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\n'
     )
-    port = free_port()
-    url = f"https://127.0.0.1:{port}/mcp"
-    proc = await asyncio.create_subprocess_exec(
-        *GATEWAY_CMD, "serve", "--listen", f"127.0.0.1:{port}", "--config", str(config),
-        "--upstream-cmd", shlex.join(EXAMPLE_SERVER),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        env=_child_env(), cwd=ROOT, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(READY_TIMEOUT):
-            while url not in (line := (await proc.stdout.readline()).decode()):
-                assert line, "the gateway exited before it was ready"
-        yield url, cert
-    finally:
-        await stop_process(proc)
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config, scheme="https") as gw:
+        yield gw.url, cert
 
 
 @pytest.mark.asyncio(loop_scope="module")
