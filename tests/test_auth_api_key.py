@@ -331,3 +331,22 @@ async def test_task_created_records_the_principal_hash_and_an_argument_digest(
             assert "arguments" not in payload and KEY_A not in str(payload) and KEY_B not in str(payload)
             owners.append(payload["principal"])
         assert owners[0] == owners[1] != owners[2] and owners[0].startswith("p_"), owners
+
+
+async def test_the_conformance_kit_with_two_keys_passes_the_authorization_check() -> None:
+    from tests.test_conformance import ERAS, assert_conforms, outcomes, run_kit
+
+    keys = CONFIG.split("[[auth.rules]]")[0]  # both keys, none of the rules or task policies
+    limits = "\n[auth.limits]\nrequests_per_s = 10000.0\nburst = 10000\n"
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=keys + limits) as gw:
+        code, report, text = await run_kit(
+            gw.url,
+            "--era",
+            "both",
+            "--header",
+            f"Authorization: Bearer {KEY_A}",
+            "--other-header",
+            f"Authorization: Bearer {KEY_B}",
+        )
+    assert_conforms(code, report, text, ERAS)
+    assert {(era, "auth.same_as_tasks_get") for era in ERAS} <= outcomes(report, "pass"), text

@@ -74,7 +74,7 @@ class EdgeAuth:
         self._validate_token = validate_token
         if config.mode == "oauth" and validate_token is None:
             raise ValueError('mode = "oauth" needs a token validator')
-        self._key = self._hash_key(config.principal_key_env)
+        self._key = self._hash_key(config.principal_key_env) if config.mode != "none" else b""
         self._api_keys = [(key.sha256, self.principal(f"api_key:{key.name}", key.scopes)) for key in config.api_keys]
 
     @staticmethod
