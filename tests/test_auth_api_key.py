@@ -334,7 +334,8 @@ async def test_task_created_records_the_principal_hash_and_an_argument_digest(
 
 
 async def test_the_conformance_kit_with_two_keys_passes_the_authorization_check() -> None:
-    from tests.test_conformance import ERAS, assert_conforms, outcomes, run_kit
+    from gateway.conformance.registry import ERAS
+    from tests.test_conformance import assert_conforms, outcomes, run_kit
 
     keys = CONFIG.split("[[auth.rules]]")[0]  # both keys, none of the rules or task policies
     limits = "\n[auth.limits]\nrequests_per_s = 10000.0\nburst = 10000\n"
