@@ -44,6 +44,7 @@ from gateway.tasks.service import TaskService
 from gateway.tasks.store import TaskStore
 from gateway.tls import tls_context
 from gateway.upstream.base import Upstream
+from gateway.upstream.credentials import ClientCredentials
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
 
@@ -59,7 +60,8 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     upstream = config.upstream
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines)
+        credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials)
     if upstream.command:
         return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")

@@ -115,6 +115,26 @@ class ReadinessConfig(_Section):
         return self
 
 
+class UpstreamAuthConfig(_Section):
+    """The gateway's own credential towards an HTTP upstream (never a client's)."""
+
+    mode: Literal["none", "client_credentials"] = "none"
+    token_url: str = ""
+    """The authorization server's token endpoint."""
+    client_id: str = ""
+    client_secret_env: str = ""
+    """The name of the environment variable holding the client secret."""
+    scope: str = ""
+    resource: str = ""
+    """The RFC 8707 resource the token is asked for; empty: the upstream's URL."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> UpstreamAuthConfig:
+        if self.mode == "client_credentials" and not (self.token_url and self.client_id and self.client_secret_env):
+            raise ValueError('mode = "client_credentials" needs token_url, client_id and client_secret_env')
+        return self
+
+
 class UpstreamConfig(_Section):
     url: str | None = None
     command: list[str] | None = None
@@ -124,6 +144,7 @@ class UpstreamConfig(_Section):
     stdio: StdioConfig = Field(default_factory=StdioConfig)
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+    auth: UpstreamAuthConfig = Field(default_factory=UpstreamAuthConfig)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -37,6 +37,10 @@ KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
         ("[[auth.rules]]\nscopes = ['x']\n", "auth.rules.0.match: Field required"),
         ("[auth.limits]\nburst = 0\n", "auth.limits.burst: Input should be greater than 0"),
         ("[auth]\ntoken = 'x'\n", "auth.token: unknown key"),
+        (
+            "[upstream.auth]\nmode = 'client_credentials'\ntoken_url = 'http://as/token'\n",
+            'upstream.auth: Value error, mode = "client_credentials" needs token_url, client_id and client_secret_env',
+        ),
     ],
 )
 def test_bad_auth_sections_name_the_key(tmp_path: Path, text: str, named: str) -> None:

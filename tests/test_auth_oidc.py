@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import jwt
 import mcp_types as types
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from mcp import Client
 from mcp.client.auth import TokenStorage
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
@@ -40,6 +43,7 @@ from tests.conftest import (
     stop_process,
     wait_for_port,
 )
+from tests.test_http_upstream import scripted
 from tests.wire import MODERN
 from tests.wire import Client as WireClient
 
@@ -217,3 +221,60 @@ async def test_an_advertised_server_unlike_its_issuer_is_warned_about(tmp_path: 
             # The output is a list the gateway's drain task appends to: nothing to wait on but itself.
             while not any(warning in line for line in mismatched.gateway.output):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
+
+
+# -- the gateway's own token towards the upstream ---------------------------------------------------
+
+
+async def test_the_upstream_sees_the_gateways_own_token_never_the_clients(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    seen: list[str | None] = []
+
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization"))
+        body = await request.json()
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [], "tools": []}})
+
+    client_key = "client-key-never-upstream"
+    as_port = free_port()
+    issuer = f"http://127.0.0.1:{as_port}"
+    os.environ[SECRET_ENV] = CLIENT_SECRET
+    async with asyncio.timeout(60), scripted(upstream) as upstream_url:
+        with (tmp_path / "provider.log").open("wb") as out:
+            provider = await asyncio.create_subprocess_exec(
+                "node", str(PROVIDER), str(as_port), upstream_url, CLIENT_ID, CLIENT_SECRET, "jwt",
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
+            )  # fmt: skip
+        try:
+            await wait_for_port("127.0.0.1", as_port, READY_TIMEOUT)
+            config = f"""
+[auth]
+mode = "api_key"
+[[auth.api_keys]]
+name = "client"
+sha256 = "{hashlib.sha256(client_key.encode()).hexdigest()}"
+
+[upstream.auth]
+mode = "client_credentials"
+token_url = "{issuer}/token"
+client_id = "{CLIENT_ID}"
+client_secret_env = "{SECRET_ENV}"
+scope = "read"
+"""
+            async with start_gateway(upstream_url=upstream_url, config_text=config) as gw:
+                client = WireClient(http, gw.url, MODERN)
+                reply = await client.request(
+                    "tools/call", {"name": "echo", "arguments": {}}, headers={"Authorization": f"Bearer {client_key}"}
+                )
+                assert reply.status == 200, reply.messages
+        finally:
+            await stop_process(provider)
+            del os.environ[SECRET_ENV]
+    assert seen and all(value is not None and value.startswith("Bearer ") for value in seen), seen
+    assert not any(client_key in str(value) for value in seen)
+    token = str(seen[-1]).removeprefix("Bearer ")
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert claims["aud"] == upstream_url and claims["iss"] == issuer and claims["scope"] == "read", claims
