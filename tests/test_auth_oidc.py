@@ -53,6 +53,7 @@ PROVIDER = ROOT / "tests" / "oidc" / "provider.mjs"
 CLIENT_ID = "gateway-test-client"
 CLIENT_SECRET = "gateway-test-secret-0123456789abcdef"
 SECRET_ENV = "GATEWAY_TEST_INTROSPECTION_SECRET"
+UPSTREAM_SECRET_ENV = "GATEWAY_TEST_UPSTREAM_SECRET"
 
 if not (ROOT / "tests" / "oidc" / "node_modules" / "oidc-provider").is_dir() or shutil.which("node") is None:
     pytest.fail("oidc-provider is not installed: run `make node_modules` (needs Node.js 20+)", pytrace=False)
@@ -241,7 +242,7 @@ async def test_the_upstream_sees_the_gateways_own_token_never_the_clients(
     client_key = "client-key-never-upstream"
     as_port = free_port()
     issuer = f"http://127.0.0.1:{as_port}"
-    os.environ[SECRET_ENV] = CLIENT_SECRET
+    os.environ[UPSTREAM_SECRET_ENV] = CLIENT_SECRET
     async with asyncio.timeout(60), scripted(upstream) as upstream_url:
         with (tmp_path / "provider.log").open("wb") as out:
             provider = await asyncio.create_subprocess_exec(
@@ -261,7 +262,7 @@ sha256 = "{hashlib.sha256(client_key.encode()).hexdigest()}"
 mode = "client_credentials"
 token_url = "{issuer}/token"
 client_id = "{CLIENT_ID}"
-client_secret_env = "{SECRET_ENV}"
+client_secret_env = "{UPSTREAM_SECRET_ENV}"
 scope = "read"
 """
             async with start_gateway(upstream_url=upstream_url, config_text=config) as gw:
@@ -272,7 +273,7 @@ scope = "read"
                 assert reply.status == 200, reply.messages
         finally:
             await stop_process(provider)
-            del os.environ[SECRET_ENV]
+            del os.environ[UPSTREAM_SECRET_ENV]
     assert seen and all(value is not None and value.startswith("Bearer ") for value in seen), seen
     assert not any(client_key in str(value) for value in seen)
     token = str(seen[-1]).removeprefix("Bearer ")

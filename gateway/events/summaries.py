@@ -7,23 +7,13 @@ and sizes. Large payloads and the values a user typed stay out of the log. Pure 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
-
-import orjson
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 
 SUMMARY_TEXT_CHARS = 200
 """Request texts (an elicitation's message) are cut to this many characters in input events."""
-
-
-def audit_of_call(owner: str, call_params: dict[str, Any]) -> dict[str, Any]:
-    """What `task.created` records of who started a task and with what: the principal's keyed hash and
-    a digest of the arguments (sha256 of their canonical JSON), never the arguments."""
-    arguments = orjson.dumps(call_params.get("arguments") or {}, option=orjson.OPT_SORT_KEYS)
-    return {"principal": owner, "argumentsDigest": "sha256:" + hashlib.sha256(arguments).hexdigest()}
 
 
 def method_of(request: object) -> str | None:

@@ -23,7 +23,6 @@ from typing import Any
 
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
-from gateway.events.summaries import audit_of_call
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, Dialect, TaskDetails, dialect_of, unknown_task
 from gateway.protocol.era import Era
@@ -120,11 +119,7 @@ class HostedTasks:
         requested = params.get("task", {}).get("ttl") if isinstance(params.get("task"), dict) else None
         try:
             return await self.registry.create(
-                caller.owner,
-                str(params.get("name")),
-                requested,
-                dialect=caller.era.value,
-                **audit_of_call(caller.owner, params),
+                caller.owner, str(params.get("name")), requested, dialect=caller.era.value
             )
         except TaskLimitReached as exc:
             raise task_limit_error(exc, message["id"]) from None

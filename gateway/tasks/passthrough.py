@@ -45,7 +45,7 @@ from cachetools import TTLCache
 
 from gateway.config import TasksConfig
 from gateway.events.capture import RELATED_TASK_KEY
-from gateway.events.summaries import audit_of_call, method_of, summarize_answer, summarize_request
+from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
@@ -368,7 +368,6 @@ class Passthrough:
                 created_at=created_at if isinstance(created_at, str) else None,
                 upstream=UpstreamTaskRef(upstream_id, channel.tag),
                 hostedBy="upstream",
-                **audit_of_call(owner, params),
             )
         except (TaskLimitReached, TaskExists) as exc:
             log.warning("not capturing an upstream task: %s", exc)
