@@ -28,4 +28,4 @@ EXPOSE 8765
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request\ntry: urllib.request.urlopen('http://127.0.0.1:8765/readyz', timeout=2)\nexcept OSError as exc: sys.exit(f'not ready: {exc}')"]
 
-CMD ["mcp-task-gateway", "serve", "--listen", "0.0.0.0:8765", "--upstream-cmd", "python examples/build_server.py"]
+CMD ["mcp-task-gateway", "serve", "--listen", "0.0.0.0:8765", "--allow-unauthenticated", "--upstream-cmd", "python examples/build_server.py"]

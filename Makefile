@@ -62,11 +62,16 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 run: $(RUN_STAMP)
 	exec $(BIN)/mcp-task-gateway serve --config config/gateway.example.toml --upstream-cmd "$(abspath $(BIN))/python examples/build_server.py" $(ARGS)
 
-node_modules: node_modules/@modelcontextprotocol/server-everything
+node_modules: node_modules/@modelcontextprotocol/server-everything tests/oidc/node_modules/oidc-provider
 
 node_modules/@modelcontextprotocol/server-everything:
 	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_upstream_with_tasks.py runs $(SERVER_EVERYTHING))" >&2; exit 1; }
 	npm install --no-save --no-audit --no-fund --prefix "$(CURDIR)" $(SERVER_EVERYTHING)
+
+# The authorization server of tests/test_auth_oidc.py: npm oidc-provider, exactly as tests/oidc/package-lock.json pins it.
+tests/oidc/node_modules/oidc-provider: $(wildcard tests/oidc/package-lock.json)
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_auth_oidc.py runs oidc-provider)" >&2; exit 1; }
+	npm ci --no-audit --no-fund --prefix "$(CURDIR)/tests/oidc"
 
 # The Redis store's tests start their own redis-server (tests/redis_server.py), never the machine's:
 # install Debian's package when there is none (as root, or through sudo).

@@ -21,9 +21,11 @@ from gateway import __version__
 from gateway.buffers import BufferBudget
 from gateway.config import Config, parse_listen
 from gateway.deadlines import RequestDeadlines
+from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
+from gateway.edge.tokens import OAuthTokens
 from gateway.events.capture import Capture
 from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -41,7 +43,9 @@ from gateway.tasks.registry import TaskRegistry, outcome_cap
 from gateway.tasks.service import TaskService
 from gateway.tasks.store import TaskStore
 from gateway.tasks.takeover import take_over
+from gateway.tls import tls_context
 from gateway.upstream.base import Upstream
+from gateway.upstream.credentials import ClientCredentials
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
 
@@ -57,7 +61,8 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     upstream = config.upstream
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines)
+        credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials)
     if upstream.command:
         return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
@@ -174,6 +179,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
+    tokens = OAuthTokens(config.auth) if config.auth.mode == "oauth" else None
+    auth = EdgeAuth(config.auth, config.server.path, tokens.validate if tokens is not None else None)
     endpoint = McpEndpoint(
         config.server,
         upstream,
@@ -182,6 +189,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         metrics,
         rejections,
         budget,
+        auth,
         stream_write_timeout_s=config.tasks.stream_write_timeout_s,
     )
     metrics.tasks.set_function(lambda: len(registry))
@@ -255,20 +263,27 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
+    if auth.enabled:
+        for path in auth.metadata_paths:
+            app.router.add_get(path, auth.metadata)
     app.cleanup_ctx.append(lifecycle)
+    if tokens is not None:
+        app.on_startup.append(lambda _: tokens.start())
+        app.on_cleanup.append(lambda _: tokens.close())
     return app
 
 
 async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
     host, port = parse_listen(config.server.listen)
+    tls = tls_context(config.server)
     runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0)
+    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
     try:
         await site.start()
         shown_host = f"[{host}]" if ":" in host else host
-        url = f"http://{shown_host}:{port}{config.server.path}"
+        url = f"{'https' if tls else 'http'}://{shown_host}:{port}{config.server.path}"
         # Listening, not necessarily usable: readiness logs the upstream's state on its own.
         log.info("gateway listening", extra={"url": url})
         if on_ready is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
+import logging
 import shlex
 import signal
 import sys
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.config import Config, ConfigError, describe_errors, load_config
+from gateway.config import Config, ConfigError, describe_errors, load_config, parse_listen
 from gateway.stores.sqlite import StoreUnavailable
 
 EXIT_CODES = (
@@ -24,6 +26,8 @@ EXIT_CODES = (
     "isError), 2 unknown task, another error answer or bad input, 3 cancelled, 4 events no longer retained "
     "(events_gone), 5 gateway unreachable."
 )
+log = logging.getLogger("gateway")
+
 URL_HELP = "the gateway's MCP endpoint, e.g. http://127.0.0.1:8765/mcp"
 ERA_HELP = "protocol era: legacy (2025-11-25, the default) or modern (2026-07-28)"
 
@@ -38,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway in front of one MCP server")
     serve.add_argument("--config", metavar="PATH", help="TOML config file (see config/gateway.example.toml)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8765)")
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help='with [auth] mode = "none", listen beyond loopback anyway (anyone who reaches it can call)',
+    )
     upstream = serve.add_mutually_exclusive_group()
     upstream.add_argument(
         "--upstream-url", metavar="URL", help="Streamable HTTP upstream, e.g. http://127.0.0.1:9000/mcp"
@@ -147,6 +156,8 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
     data = config.model_dump()
     if args.listen:
         data["server"]["listen"] = args.listen
+    if args.allow_unauthenticated:
+        data["auth"]["allow_unauthenticated"] = True
     if args.upstream_url:
         data["upstream"].update(url=args.upstream_url, command=None)
     if args.upstream_cmd:
@@ -155,6 +166,31 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"command line: {describe_errors(exc)}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def _check_exposure(config: Config) -> None:
+    """Refuse to serve everyone as one anonymous principal beyond loopback, unless told to."""
+    host, _ = parse_listen(config.server.listen)
+    if config.auth.mode != "none" or _is_loopback(host):
+        return
+    if not config.auth.allow_unauthenticated:
+        raise ConfigError(
+            f"refusing to listen on {config.server.listen} without authentication: set [auth] mode "
+            '"api_key" or "oauth", or pass --allow-unauthenticated (allow_unauthenticated = true)'
+        )
+    log.warning(
+        'listening on %s with [auth] mode = "none": anyone who can reach it can call every tool and read every task',
+        config.server.listen,
+    )
 
 
 def _check_store(path: str, config: Config) -> int:
@@ -188,6 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not (config.upstream.url or config.upstream.command):
         raise ConfigError("no upstream: set upstream.url or upstream.command, or pass --upstream-url/--upstream-cmd")
     setup_logging(config.logging.level, config.logging.format)
+    _check_exposure(config)
 
     def announce(url: str) -> None:
         print(f"mcp-task-gateway listening on {url}", flush=True)

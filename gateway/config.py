@@ -59,6 +59,16 @@ class ServerConfig(_Section):
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
     resume: ResumeConfig = Field(default_factory=ResumeConfig)
+    tls_cert: str = ""
+    """A PEM certificate (chain): the gateway serves HTTPS itself when set (with `tls_key`)."""
+    tls_key: str = ""
+    """The PEM private key of `tls_cert`."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("set both tls_cert and tls_key, or neither")
+        return self
 
     @field_validator("listen")
     @classmethod
@@ -105,6 +115,26 @@ class ReadinessConfig(_Section):
         return self
 
 
+class UpstreamAuthConfig(_Section):
+    """The gateway's own credential towards an HTTP upstream (never a client's)."""
+
+    mode: Literal["none", "client_credentials"] = "none"
+    token_url: str = ""
+    """The authorization server's token endpoint."""
+    client_id: str = ""
+    client_secret_env: str = ""
+    """The name of the environment variable holding the client secret."""
+    scope: str = ""
+    resource: str = ""
+    """The RFC 8707 resource the token is asked for; empty: the upstream's URL."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> UpstreamAuthConfig:
+        if self.mode == "client_credentials" and not (self.token_url and self.client_id and self.client_secret_env):
+            raise ValueError('mode = "client_credentials" needs token_url, client_id and client_secret_env')
+        return self
+
+
 class UpstreamConfig(_Section):
     url: str | None = None
     command: list[str] | None = None
@@ -114,6 +144,7 @@ class UpstreamConfig(_Section):
     stdio: StdioConfig = Field(default_factory=StdioConfig)
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+    auth: UpstreamAuthConfig = Field(default_factory=UpstreamAuthConfig)
 
     @field_validator("command", mode="before")
     @classmethod
@@ -320,6 +351,128 @@ class TasksConfig(_Section):
         return self
 
 
+AuthMode = Literal["none", "api_key", "oauth"]
+
+
+class JwtConfig(_Section):
+    """mode = "oauth" with JWT access tokens, validated locally against the issuer's keys."""
+
+    issuer: str = ""
+    """The `iss` every token must carry (exactly)."""
+    jwks_uri: str = ""
+    """The issuer's key set; empty: discovered from `<issuer>/.well-known/oauth-authorization-server`
+    (then `openid-configuration`)."""
+    algorithms: list[str] = Field(default_factory=lambda: ["RS256", "ES256"], min_length=1)
+    """The signature algorithms accepted; `none` and HMAC ones are refused here (the keys are public)."""
+    audiences: list[str] = Field(default_factory=list)
+    """Audiences accepted besides `[auth] resource`."""
+    leeway_s: float = Field(default=30.0, ge=0)
+    """Clock skew tolerated on `exp` and `nbf`."""
+    jwks_cache_s: float = Field(default=3600.0, gt=0)
+    """How long a fetched key set is used before it is fetched again (the last good one serves on)."""
+    unknown_kid_refresh_min_s: float = Field(default=60.0, ge=0)
+    """A token with a `kid` the key set lacks refetches it at most this often."""
+
+    @field_validator("algorithms")
+    @classmethod
+    def _asymmetric_only(cls, value: list[str]) -> list[str]:
+        allowed = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+        refused = [name for name in value if name not in allowed]
+        if refused:
+            raise ValueError(f"{refused} not allowed; use asymmetric algorithms from {sorted(allowed)}")
+        return value
+
+
+class IntrospectionConfig(_Section):
+    """mode = "oauth" with opaque tokens checked by RFC 7662 introspection (used when `endpoint` is set)."""
+
+    endpoint: str = ""
+    client_id: str = ""
+    client_secret_env: str = ""
+    """The name of the environment variable that holds the client secret (never the secret itself)."""
+
+
+class ApiKey(_Section):
+    """One key of mode = "api_key": its name (the principal) and the sha256 of the key, never the key."""
+
+    name: str = Field(min_length=1)
+    sha256: str
+    scopes: list[str] = Field(default_factory=list)
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        digest = value.lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError("must be the 64 hex digits of the key's sha256 (sha256sum of the key)")
+        return digest
+
+
+class AuthRule(_Section):
+    """Per-tool policy: the first rule whose `match` (a glob) fits the tool's name applies."""
+
+    match: str = Field(min_length=1)
+    scopes: list[str] = Field(default_factory=list)
+    """Every scope the caller needs to call the tool (or create a task with it)."""
+    hide: bool = True
+    """Hide the tool from tools/list when the caller lacks the scopes."""
+
+
+class AuthLimits(_Section):
+    """Per-principal limits (not enforced yet: accepted and validated so a config keeps working)."""
+
+    requests_per_s: float = Field(default=50.0, gt=0)
+    burst: int = Field(default=100, gt=0)
+    failed_lookups_per_min: int = Field(default=60, gt=0)
+    max_streams: int = Field(default=100, gt=0)
+
+
+class AuthConfig(_Section):
+    mode: AuthMode = "none"
+    resource: str = ""
+    """The gateway's canonical URL (required for oauth): the audience tokens must carry, and the
+    `resource` of the protected-resource metadata."""
+    authorization_servers: list[str] = Field(default_factory=list)
+    """Advertised in the protected-resource metadata byte-for-byte (a trailing `/` matters to clients)."""
+    scopes_supported: list[str] = Field(default_factory=list)
+    allow_unauthenticated: bool = False
+    """Needed to listen beyond loopback with mode = "none"."""
+    principal_claims: list[str] = Field(default_factory=lambda: ["iss", "sub"], min_length=1)
+    """The token claims that together name the principal (mode = "oauth")."""
+    principal_key_env: str = ""
+    """The environment variable holding the key of the principals' keyed hash; empty: a random key per
+    process (tasks in a durable or shared store are then not found again after a restart or on a replica)."""
+    token_cache_s: float = Field(default=300.0, ge=0)
+    """A validated token is trusted again without checking for min(its exp, this long)."""
+    jwt: JwtConfig = Field(default_factory=JwtConfig)
+    introspection: IntrospectionConfig = Field(default_factory=IntrospectionConfig)
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    rules: list[AuthRule] = Field(default_factory=list)
+    limits: AuthLimits = Field(default_factory=AuthLimits)
+
+    @model_validator(mode="after")
+    def _mode_complete(self) -> AuthConfig:
+        if self.mode == "api_key":
+            if not self.api_keys:
+                raise ValueError('mode = "api_key" needs at least one [[auth.api_keys]] entry')
+            names = [key.name for key in self.api_keys]
+            if len(set(names)) != len(names):
+                raise ValueError("[[auth.api_keys]] names must be unique (each names a principal)")
+        if self.mode == "oauth":
+            if not self.resource.startswith(("http://", "https://")):
+                raise ValueError('mode = "oauth" needs resource = the gateway\'s canonical http(s) URL')
+            if not self.authorization_servers:
+                raise ValueError('mode = "oauth" needs at least one authorization_servers entry')
+            if not (self.jwt.issuer or self.introspection.endpoint):
+                raise ValueError('mode = "oauth" needs [auth.jwt] issuer or [auth.introspection] endpoint')
+        return self
+
+    def rule_for(self, tool: object) -> AuthRule | None:
+        """The first rule whose `match` fits the tool's name; None: the tool needs no scope."""
+        name = tool if isinstance(tool, str) else ""
+        return next((rule for rule in self.rules if fnmatch.fnmatchcase(name, rule.match)), None)
+
+
 class LoggingConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "human"] = "auto"
@@ -335,6 +488,7 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
 
 
 class ConfigError(Exception):

@@ -36,6 +36,8 @@ class Session:
         self.channel = channel
         self.last_seen = time.monotonic()
         self.open_streams = 0
+        self.owner = ""
+        """The principal that initialized it (set by the edge); another principal gets 404 for it."""
         self.engaged = False
         """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
         self.upstream_has_tasks = False

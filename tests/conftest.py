@@ -230,15 +230,19 @@ async def start_gateway(
     upstream_url: str | None = None,
     config_text: str | None = None,
     extra_args: list[str] = [],  # noqa: B006 - never mutated; the documented signature
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    scheme: str = "http",
 ) -> AsyncIterator[RunningGateway]:
-    """Run ``python -m gateway serve`` on a free port until the block exits."""
+    """Run ``python -m gateway serve --listen HOST:PORT`` (default: a free loopback port) until the block
+    exits; `scheme` is the one it announces (``https`` with ``[server] tls_cert``)."""
     if (upstream_cmd is None) == (upstream_url is None):
         raise ValueError("give exactly one of upstream_cmd and upstream_url")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    port = port or free_port()
+    base = f"{scheme}://{host}:{port}"
     url = f"{base}/mcp"
     with tempfile.TemporaryDirectory(prefix="gateway-test-") as tmp:
-        args = [*GATEWAY_CMD, "serve", "--listen", f"127.0.0.1:{port}"]
+        args = [*GATEWAY_CMD, "serve", "--listen", f"{host}:{port}"]
         if upstream_cmd is not None:
             args += ["--upstream-cmd", shlex.join(upstream_cmd)]
         else:

@@ -13,6 +13,8 @@ Handlers rely on aiohttp's `handler_cancellation` to learn that a client went aw
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -21,25 +23,31 @@ from aiohttp import web
 from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
+from gateway.edge.auth import AuthRefused, EdgeAuth, Principal
+from gateway.edge.limits import PrincipalLimits, RateLimited
 from gateway.edge.rejections import Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.dialect import unknown_task
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
 from gateway.replay import LAST_EVENT_ID, StreamGap
 from gateway.sessions import Session, SessionRegistry
-from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
+from gateway.tasks.plans import AwaitResult, Forward, Plan, RelayHooks, Reply, StreamEvents, TaskCall
 from gateway.tasks.service import TaskService
 from gateway.upstream.base import Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
+
+UNKNOWN_TASK = unknown_task(None).message
+"""The answer to an unknown (or another principal's) task id: a failed lookup for `[auth.limits]`."""
 
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 
@@ -61,6 +69,10 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
     if era is not None and status == 400:
         status = era.status_for_response(message)
     headers = {"Allow": "POST"} if status == 405 else {}
+    if isinstance(error, AuthRefused):
+        headers["WWW-Authenticate"] = error.challenge
+    if isinstance(error, RateLimited):
+        headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(retry_after_s)
     return json_response(message, status, headers)
@@ -76,10 +88,13 @@ class McpEndpoint:
         metrics: Metrics,
         rejections: Rejections,
         budget: BufferBudget,
+        auth: EdgeAuth,
         *,
         stream_write_timeout_s: float,
     ) -> None:
         self._config = config
+        self._auth = auth
+        self._limits = PrincipalLimits(auth.config.limits) if auth.enabled else None
         self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
@@ -90,12 +105,16 @@ class McpEndpoint:
         self._relay = RelaySettings(metrics, config.keepalive_s, config.flush_interval_ms / 1000)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        principal: Principal | None = None
         try:
             checks.check_host(request.headers.get("Host"), self._config.allowed_hosts)
             checks.check_origin(request.headers.get("Origin"), self._config.allowed_origins)
+            principal = await self._auth.authenticate(request)
+            if self._limits is not None:
+                self._limits.admit(principal.owner)
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
             if request.method == "POST":
-                return await self._post(request, era)
+                return await self._post(request, era, principal)
             # 2026-07-28 has no sessions, so no GET stream and no DELETE.
             if era is Era.MODERN or request.method not in ("GET", "DELETE"):
                 raise ProtocolError(
@@ -104,11 +123,11 @@ class McpEndpoint:
                     http_status=405,
                 )
             if request.method == "GET":
-                return await self._get_stream(request)
-            return await self._delete(request)
+                return await self._get_stream(request, principal)
+            return await self._delete(request, principal)
         except ProtocolError as error:
             self._metrics.requests.labels(method="-", outcome="rejected").inc()
-            self._rejections.refused(error, request.remote)
+            self._rejections.refused(error, request.remote, principal.owner if principal else None)
             return self._error_response(error)
 
     def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
@@ -118,18 +137,20 @@ class McpEndpoint:
 
     # -- POST ------------------------------------------------------------------------------------
 
-    async def _post(self, request: web.Request, era: Era) -> web.StreamResponse:
+    async def _post(self, request: web.Request, era: Era, principal: Principal) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         kind = jsonrpc.classify(message)
         if kind is not Kind.RESPONSE:
             check_fields(message)
+        if kind is Kind.REQUEST:
+            self._auth.check_call(request, principal, message)
         headers = forwardable_headers(request.headers)
         # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
         if era is Era.LEGACY:
-            return await self._legacy_post(request, era, message, kind, headers)
-        return await self._modern_post(request, era, message, kind, headers)
+            return await self._legacy_post(request, era, message, kind, headers, principal)
+        return await self._modern_post(request, era, message, kind, headers, principal)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._config.max_body_bytes
@@ -146,11 +167,17 @@ class McpEndpoint:
         return bytes(body)
 
     async def _legacy_post(
-        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
+        self,
+        request: web.Request,
+        era: Era,
+        message: Message,
+        kind: Kind,
+        headers: dict[str, str],
+        principal: Principal,
     ) -> web.StreamResponse:
         if kind is Kind.REQUEST and message["method"] == "initialize":
-            return await self._initialize(request, era, message, headers)
-        session = await self._session_for(request)
+            return await self._initialize(request, era, message, headers, principal)
+        session = await self._session_for(request, principal)
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
             session.engaged = True
         if kind is Kind.NOTIFICATION:
@@ -165,17 +192,19 @@ class McpEndpoint:
             await session.channel.resume()  # a parked session takes a process back (or gets 503)
             return session.channel
 
+        call = TaskCall(message, era, headers, session, session_channel, owner=principal.owner)
         with session.serving():
-            return await self._dispatch(request, TaskCall(message, era, headers, session, session_channel))
+            return await self._dispatch(request, call, principal)
 
     async def _initialize(
-        self, request: web.Request, era: Era, message: Message, headers: dict[str, str]
+        self, request: web.Request, era: Era, message: Message, headers: dict[str, str], principal: Principal
     ) -> web.StreamResponse:
         try:
             session = await self._sessions.create()
         except Overloaded as error:
             error.request_id = message["id"]
             raise
+        session.owner = principal.owner
         with session.serving():  # the handshake timeout runs once initialize has been answered
             exchange = await session.channel.request(message, headers)
             try:
@@ -211,7 +240,13 @@ class McpEndpoint:
             responder.close()
 
     async def _modern_post(
-        self, request: web.Request, era: Era, message: Message, kind: Kind, headers: dict[str, str]
+        self,
+        request: web.Request,
+        era: Era,
+        message: Message,
+        kind: Kind,
+        headers: dict[str, str],
+        principal: Principal,
     ) -> web.StreamResponse:
         if kind is Kind.RESPONSE:
             raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: 2026-07-28 clients do not send responses")
@@ -244,15 +279,26 @@ class McpEndpoint:
                 leased.append(await call.resources.enter_async_context(stateless))
             return leased[0]
 
-        call = TaskCall(message, era, headers, None, lease)
-        return await self._dispatch(request, call)
+        call = TaskCall(message, era, headers, None, lease, owner=principal.owner)
+        return await self._dispatch(request, call, principal)
 
     # -- carrying out the service's plan -----------------------------------------------------------
 
-    async def _dispatch(self, request: web.Request, call: TaskCall) -> web.StreamResponse:
+    async def _dispatch(self, request: web.Request, call: TaskCall, principal: Principal) -> web.StreamResponse:
+        limits = self._limits
+        names_task = call.method.startswith("tasks/") and "taskId" in jsonrpc.params_of(call.message)
         try:
-            return await self._carry_out(request, call, await self._service.plan(call))
+            with contextlib.ExitStack() as held:
+                if limits is not None and names_task:
+                    limits.check_lookups(call.owner)
+                if limits is not None and call.method == "tasks/stream":
+                    held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
+                return await self._carry_out(request, call, await self._service.plan(call), principal)
         except ProtocolError as error:
+            if limits is not None and names_task and error.message == UNKNOWN_TASK:
+                limits.lookup_failed(call.owner)
+            if isinstance(error, RateLimited):
+                self._rejections.refused(error, request.remote, call.owner)
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
@@ -262,14 +308,17 @@ class McpEndpoint:
             if not call.resources_kept:
                 await call.resources.aclose()
 
-    async def _carry_out(self, request: web.Request, call: TaskCall, plan: Plan) -> web.StreamResponse:
+    async def _carry_out(
+        self, request: web.Request, call: TaskCall, plan: Plan, principal: Principal
+    ) -> web.StreamResponse:
         if isinstance(plan, Reply):
             return await Responder(request, self._metrics).finish(plan.message, call.era)
         if isinstance(plan, Forward):
             exchange = await plan.channel.request(plan.message, plan.headers)
             streams = call.session.streams if call.session is not None else None
             responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s, streams=streams)
-            return await relay(exchange, responder, call.era, self._relay, plan.hooks)
+            hooks = self._hide_tools(plan.hooks, principal) if call.method == "tools/list" else plan.hooks
+            return await relay(exchange, responder, call.era, self._relay, hooks)
         if isinstance(plan, StreamEvents):
             return await stream_events(
                 plan, Responder(request, self._metrics, write_timeout_s=self._stream_write_timeout_s)
@@ -277,9 +326,25 @@ class McpEndpoint:
         assert isinstance(plan, AwaitResult)
         return await await_result(plan, Responder(request, self._metrics), call.era, self._config.keepalive_s)
 
+    def _hide_tools(self, hooks: RelayHooks, principal: Principal) -> RelayHooks:
+        """The forward's hooks, with the tools `[[auth.rules]]` hide from this caller taken out of the list."""
+        if not self._auth.enabled:
+            return hooks
+        transform = hooks.transform
+
+        async def visible(final: Message) -> Message:
+            if transform is not None:
+                final = await transform(final)
+            result = final.get("result")
+            if not isinstance(result, dict):
+                return final
+            return {**final, "result": self._auth.visible_tools(principal, result)}
+
+        return dataclasses.replace(hooks, transform=visible)
+
     # -- GET and DELETE (legacy only) -------------------------------------------------------------
 
-    async def _session_for(self, request: web.Request) -> Session:
+    async def _session_for(self, request: web.Request, principal: Principal) -> Session:
         session_id = request.headers.get(SESSION_HEADER)
         if session_id is None:
             raise ProtocolError(
@@ -290,7 +355,8 @@ class McpEndpoint:
         if session is not None and session.channel.lost:
             await self._sessions.close(session.id)
             session = None
-        if session is None:
+        # Another principal's session is not theirs to find: the same 404 as an unknown id.
+        if session is None or session.owner != principal.owner:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST,
                 "Session not found: it expired or was deleted; initialize a new session",
@@ -298,11 +364,11 @@ class McpEndpoint:
             )
         return session
 
-    async def _get_stream(self, request: web.Request) -> web.StreamResponse:
+    async def _get_stream(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         """The standalone stream, or with Last-Event-ID the rest of the stream that id names: the events
         after it, then live to its end (a forwarded response's stream ends with its response)."""
         checks.check_accept_stream(request.headers.get("Accept"))
-        session = await self._session_for(request)
+        session = await self._session_for(request, principal)
         self._budget.admit(None)
         last_event_id = request.headers.get(LAST_EVENT_ID)
         if last_event_id is not None:
@@ -344,7 +410,7 @@ class McpEndpoint:
         assert responder.stream is not None
         return responder.stream
 
-    async def _delete(self, request: web.Request) -> web.StreamResponse:
-        session = await self._session_for(request)
+    async def _delete(self, request: web.Request, principal: Principal) -> web.StreamResponse:
+        session = await self._session_for(request, principal)
         await self._sessions.close(session.id)
         return web.Response(status=200)

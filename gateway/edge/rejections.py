@@ -30,6 +30,19 @@ FRAMING = "framing"
 MAX_LOGGED_CHARS = 300
 """Refusal messages may quote client headers (up to aiohttp's 8 KiB each); the log keeps their start."""
 
+AUTH_REASONS = frozenset(
+    {
+        "unauthorized",
+        "invalid_token",
+        "invalid_request",
+        "insufficient_scope",
+        "rate_limited",
+        "lookup_budget",
+        "max_streams",
+    }
+)
+"""What `gateway.edge.auth.AuthRefused` and `gateway.edge.limits.RateLimited` say in `data.reason`: each its
+own label."""
 _REASON_BY_STATUS = {
     403: "origin",
     404: "not_found",
@@ -54,6 +67,8 @@ _REASON_BY_CODE = {
 
 def reason_of(error: ProtocolError) -> str:
     """The metric label for a refusal: a small fixed set, from its HTTP status and JSON-RPC code."""
+    if isinstance(error.data, dict) and error.data.get("reason") in AUTH_REASONS:
+        return str(error.data["reason"])
     return _REASON_BY_STATUS.get(error.http_status) or _REASON_BY_CODE.get(error.code, "invalid")
 
 
@@ -87,12 +102,13 @@ class Rejections:
         self._metrics = metrics
         self._log = RateLimitedLog(log, log_interval_s)
 
-    def refused(self, error: ProtocolError, remote: str | None) -> None:
-        """The edge answered a request with `error` (a client mistake, not a gateway fault)."""
+    def refused(self, error: ProtocolError, remote: str | None, principal: str | None = None) -> None:
+        """The edge answered a request with `error` (a client mistake, not a gateway fault); `principal`
+        is the caller's keyed hash once it was authenticated."""
         reason = reason_of(error)
         self._metrics.rejected_requests.labels(reason=reason).inc()
         text = f"refused a request: HTTP {error.http_status} {error.message}"
-        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote)
+        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote, principal=principal)
 
     def malformed_http(self, error: HttpProcessingError, remote: object) -> None:
         """aiohttp's parser refused what a client sent (answered 400 and closed by aiohttp)."""

@@ -33,6 +33,7 @@ from gateway.upstream.base import (
     Upstream,
     UpstreamChannel,
 )
+from gateway.upstream.credentials import ClientCredentials
 
 logger = logging.getLogger("gateway.upstream.http")
 
@@ -104,6 +105,7 @@ class HttpChannel(UpstreamChannel):
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
         deadlines: DeadlineRule | None = None,
+        own_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.session = session
         """A 2025-11-25 upstream session (`Mcp-Session-Id`, GET stream, DELETE); else 2026-07-28 stateless."""
@@ -113,6 +115,8 @@ class HttpChannel(UpstreamChannel):
         self._client = client
         self._url = url
         self._config = config
+        self._own_headers = own_headers or {}
+        """The gateway's own credential (`[upstream.auth]`), read on every request as it is refreshed."""
         self._metrics = metrics
         self._budget = budget
         self._session_id: str | None = None
@@ -460,6 +464,8 @@ class HttpChannel(UpstreamChannel):
             headers[SESSION_HEADER] = self._session_id
         for name, value in self._config.headers.items():
             headers[name] = value
+        for name, value in self._own_headers.items():
+            headers[name] = value
         return headers
 
     def _remember_version(self, headers: Mapping[str, str]) -> None:
@@ -491,9 +497,11 @@ class HttpUpstream(Upstream):
         metrics: Metrics,
         budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
+        credentials: ClientCredentials | None = None,
     ) -> None:
         self.url = url
         self._config = config
+        self._credentials = credentials
         self._metrics = metrics
         self._budget = budget or BufferBudget()
         self._deadlines = deadlines
@@ -511,6 +519,8 @@ class HttpUpstream(Upstream):
             # One client session serves every gateway client: upstream cookies must not leak between them.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
+        if self._credentials is not None:
+            await self._credentials.start()
         self._shared = self._channel(session=False)
 
     async def close(self) -> None:
@@ -523,6 +533,8 @@ class HttpUpstream(Upstream):
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._credentials is not None:
+            await self._credentials.close()
 
     async def open_session(self) -> HttpChannel:
         channel = self._channel(session=True)
@@ -567,6 +579,7 @@ class HttpUpstream(Upstream):
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
             deadlines=self._deadlines,
+            own_headers=self._credentials.headers if self._credentials is not None else None,
         )
 
 

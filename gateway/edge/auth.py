@@ -1,0 +1,228 @@
+"""Who is calling: the edge turns a request's credentials into a `Principal`, once, and answers the
+refusals (401, 403 `insufficient_scope`) with their `WWW-Authenticate` challenges.
+
+A principal is a keyed hash (HMAC-SHA256 under `[auth] principal_key_env`) of who the caller is (an api
+key's name, or a token's `principal_claims`) plus the scopes it holds. Only the hash travels below the
+edge, as the `owner` of the `TaskCall`: tasks and sessions are bound to it. Credentials are read from
+`Authorization: Bearer` only; a token in the query string is refused. The RFC 9728 protected-resource
+metadata document is served from here too. Token validation for mode = "oauth" lives in
+`gateway.edge.tokens`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from gateway.config import AuthConfig, ConfigError
+from gateway.edge.responder import json_response
+from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.tasks.registry import ANONYMOUS
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+QUERY_TOKEN_NAMES = frozenset({"access_token", "token", "api_key", "apikey", "key"})
+"""Query parameters that carry a credential: refused, since URLs end up in logs and Referer headers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, as the layers below the edge may know it."""
+
+    owner: str
+    """The keyed hash tasks and sessions are bound to (`anonymous` in mode = "none")."""
+    scopes: frozenset[str]
+
+
+ANONYMOUS_PRINCIPAL = Principal(ANONYMOUS, frozenset())
+
+TokenValidator = Callable[[str], Awaitable[tuple[str, frozenset[str]]]]
+"""Validates an oauth access token: (the caller's identity before hashing, its scopes); raises
+`InvalidToken` with the reason."""
+
+
+class InvalidToken(Exception):
+    """A presented token that cannot be accepted; the message says why (it goes to the client)."""
+
+
+class AuthRefused(ProtocolError):
+    """A refusal with a `WWW-Authenticate` challenge: 401 (no or bad credentials), 403 (a scope is
+    missing) or 400 (a credential in the query string). `data.reason` is the metric label."""
+
+    def __init__(self, status: int, reason: str, message: str, challenge: str) -> None:
+        super().__init__(jsonrpc.INVALID_REQUEST, message, http_status=status, data={"reason": reason})
+        self.challenge = challenge
+
+
+def _quoted(params: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f'{name}="{value}"' for name, value in params)
+
+
+class EdgeAuth:
+    """The configured `[auth]` mode: authenticates requests and checks per-tool scopes."""
+
+    def __init__(self, config: AuthConfig, mcp_path: str, validate_token: TokenValidator | None = None) -> None:
+        self.config = config
+        self._mcp_path = mcp_path
+        self._validate_token = validate_token
+        if config.mode == "oauth" and validate_token is None:
+            raise ValueError('mode = "oauth" needs a token validator')
+        self._key = self._hash_key(config.principal_key_env) if config.mode != "none" else b""
+        self._api_keys = [(key.sha256, self.principal(f"api_key:{key.name}", key.scopes)) for key in config.api_keys]
+
+    @staticmethod
+    def _hash_key(env_name: str) -> bytes:
+        if not env_name:
+            return secrets.token_bytes(32)
+        value = os.environ.get(env_name)
+        if not value:
+            raise ConfigError(f"auth.principal_key_env: the environment variable {env_name} is not set or empty")
+        return value.encode()
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.mode != "none"
+
+    def principal(self, identity: str, scopes: Iterable[str]) -> Principal:
+        digest = hmac.new(self._key, identity.encode(), hashlib.sha256).hexdigest()
+        return Principal(f"p_{digest[:32]}", frozenset(scopes))
+
+    # -- authenticating a request ----------------------------------------------------------------
+
+    async def authenticate(self, request: web.Request) -> Principal:
+        """The caller's principal, or AuthRefused (401, or 400 for a credential in the query string)."""
+        if not self.enabled:
+            return ANONYMOUS_PRINCIPAL
+        if QUERY_TOKEN_NAMES.intersection(name.lower() for name in request.query):
+            raise AuthRefused(
+                400,
+                "invalid_request",
+                "Bad Request: credentials are accepted only in the Authorization header, never in the URL",
+                self.challenge(request, error="invalid_request"),
+            )
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthRefused(
+                401,
+                "unauthorized",
+                "Unauthorized: send Authorization: Bearer <token>",
+                self.challenge(request),
+            )
+        try:
+            return await self._principal_for(token)
+        except InvalidToken as exc:
+            raise AuthRefused(
+                401,
+                "invalid_token",
+                f"Unauthorized: invalid token: {exc}",
+                self.challenge(request, error="invalid_token", description=str(exc)),
+            ) from None
+
+    async def _principal_for(self, token: str) -> Principal:
+        if self.config.mode == "api_key":
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            found = None
+            for expected, principal in self._api_keys:  # every key compared, so timing names none
+                if hmac.compare_digest(digest, expected):
+                    found = principal
+            if found is None:
+                raise InvalidToken("unknown api key")
+            return found
+        assert self._validate_token is not None
+        identity, scopes = await self._validate_token(token)
+        return self.principal(identity, scopes)
+
+    # -- per-tool scopes -------------------------------------------------------------------------
+
+    def missing_scopes(self, principal: Principal, tool: object) -> list[str]:
+        """The scopes the first matching `[[auth.rules]]` entry needs that the caller lacks."""
+        if not self.enabled:
+            return []
+        rule = self.config.rule_for(tool)
+        return [] if rule is None else [scope for scope in rule.scopes if scope not in principal.scopes]
+
+    def check_call(self, request: web.Request, principal: Principal, message: Message) -> None:
+        """A `tools/call` (plain or creating a task) of a tool whose rule needs scopes the caller lacks:
+        403 insufficient_scope naming every scope the tool needs."""
+        if message.get("method") != "tools/call":
+            return
+        tool = jsonrpc.params_of(message).get("name")
+        if not self.missing_scopes(principal, tool):
+            return
+        rule = self.config.rule_for(tool)
+        assert rule is not None
+        needed = " ".join(rule.scopes)
+        error = AuthRefused(
+            403,
+            "insufficient_scope",
+            f"Forbidden: the tool {tool} needs the scopes {needed}",
+            self.challenge(request, error="insufficient_scope", scope=needed),
+        )
+        error.request_id = message["id"]
+        raise error
+
+    def visible_tools(self, principal: Principal, result: Message) -> Message:
+        """A tools/list result without the tools hidden from this caller (`hide` rules it fails)."""
+        tools = result.get("tools")
+        if not self.enabled or not isinstance(tools, list):
+            return result
+        kept = [
+            tool
+            for tool in tools
+            if not (
+                isinstance(tool, dict)
+                and (rule := self.config.rule_for(tool.get("name"))) is not None
+                and rule.hide
+                and self.missing_scopes(principal, tool.get("name"))
+            )
+        ]
+        return {**result, "tools": kept}
+
+    # -- challenges and the protected-resource metadata ------------------------------------------
+
+    def resource(self, request: web.Request) -> str:
+        """The canonical URL of the protected resource: `[auth] resource`, or this request's own."""
+        return self.config.resource or f"{request.scheme}://{request.host}{self._mcp_path}"
+
+    def metadata_url(self, request: web.Request) -> str:
+        parts = urlsplit(self.resource(request))
+        return f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{parts.path.rstrip('/')}"
+
+    @property
+    def metadata_paths(self) -> list[str]:
+        """Where the metadata is served: under the MCP path (and the resource's path, behind a proxy
+        that changes it), then at the root, as clients look for it in that order."""
+        resource_path = urlsplit(self.config.resource).path.rstrip("/")
+        paths = [METADATA_PATH + self._mcp_path, METADATA_PATH + resource_path, METADATA_PATH]
+        return list(dict.fromkeys(paths))
+
+    def challenge(
+        self, request: web.Request, *, error: str | None = None, description: str | None = None, scope: str = ""
+    ) -> str:
+        params = [("resource_metadata", self.metadata_url(request))]
+        scope = scope or " ".join(self.config.scopes_supported)
+        if scope:
+            params.append(("scope", scope))
+        if error is not None:
+            params.append(("error", error))
+        if description is not None:
+            params.append(("error_description", description.replace('"', "'")))
+        return "Bearer " + _quoted(params)
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        """RFC 9728 Protected Resource Metadata; `authorization_servers` exactly as configured."""
+        body = {
+            "resource": self.resource(request),
+            "authorization_servers": self.config.authorization_servers,
+            "scopes_supported": self.config.scopes_supported,
+            "bearer_methods_supported": ["header"],
+        }
+        return json_response(body, 200)

@@ -1,0 +1,316 @@
+"""`[auth] mode = "oauth"` with JWT access tokens: keys generated here, served as a JWKS on loopback.
+
+The validator (`gateway.edge.tokens.OAuthTokens`) against a real JWKS endpoint: every token case
+(expired, not yet valid, wrong issuer, wrong audience, `alg: none`, HS256 signed with the public key,
+unknown `kid` refetching once within the throttle, a rotated key, the endpoint down with keys cached),
+the validated-token cache; then the real gateway in oauth mode answering them with the documented
+401 challenge, and scopes from the token feeding `[[auth.rules]]`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from gateway.config import AuthConfig, JwtConfig
+from gateway.edge.auth import InvalidToken
+from gateway.edge.tokens import OAuthTokens
+from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.wire import MODERN
+from tests.wire import Client as WireClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ISSUER = "http://issuer.test"
+RESOURCE = "http://gateway.test/mcp"
+
+
+@dataclass
+class SigningKey:
+    kid: str
+    algorithm: str
+    private: Any
+
+    def jwk(self) -> dict[str, Any]:
+        algorithm = jwt.get_algorithm_by_name(self.algorithm)
+        public: dict[str, Any] = json.loads(algorithm.to_jwk(self.private.public_key()))
+        return {**public, "kid": self.kid, "alg": self.algorithm, "use": "sig"}
+
+    def public_pem(self) -> bytes:
+        return bytes(
+            self.private.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+
+    def sign(self, claims: dict[str, Any], **header: Any) -> str:
+        return jwt.encode(claims, self.private, algorithm=self.algorithm, headers={"kid": self.kid, **header})
+
+
+def rsa_key(kid: str) -> SigningKey:
+    return SigningKey(kid, "RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048))
+
+
+@dataclass
+class Jwks:
+    """The JWKS endpoint: which keys it serves, whether it is down, how often it was asked."""
+
+    keys: list[SigningKey]
+    url: str = ""
+    down: bool = False
+    fetches: int = 0
+
+    async def handle(self, _: web.Request) -> web.Response:
+        self.fetches += 1
+        if self.down:
+            return web.Response(status=503)
+        return web.json_response({"keys": [key.jwk() for key in self.keys]})
+
+
+@contextlib.asynccontextmanager
+async def jwks_server(keys: list[SigningKey]) -> AsyncIterator[Jwks]:
+    jwks = Jwks(keys)
+    app = web.Application()
+    app.router.add_get("/jwks", jwks.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    jwks.url = f"http://127.0.0.1:{port}/jwks"
+    try:
+        yield jwks
+    finally:
+        await runner.cleanup()
+
+
+def claims(**changes: Any) -> dict[str, Any]:
+    now = int(time.time())
+    base = {"iss": ISSUER, "sub": "alice", "aud": RESOURCE, "exp": now + 600, "iat": now, "scope": "read deploy"}
+    return {key: value for key, value in {**base, **changes}.items() if value is not None}
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unsigned(header: dict[str, Any], body: dict[str, Any], secret: bytes | None = None) -> str:
+    """A token PyJWT will not make: `alg: none`, or HS256 with `secret` (the public key's PEM)."""
+    signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(body).encode())}"
+    signature = b"" if secret is None else hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{b64(signature)}"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def auth_config(jwks_url: str, **jwt_keys: Any) -> AuthConfig:
+    return AuthConfig(
+        mode="oauth",
+        resource=RESOURCE,
+        authorization_servers=[ISSUER],
+        jwt=JwtConfig(issuer=ISSUER, jwks_uri=jwks_url, **jwt_keys),
+    )
+
+
+@pytest.fixture(scope="module")
+def key1() -> SigningKey:
+    return rsa_key("k1")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def tokens(key1: SigningKey) -> AsyncIterator[tuple[OAuthTokens, Jwks, Clock]]:
+    clock = Clock()
+    async with jwks_server([key1]) as jwks:
+        validator = OAuthTokens(auth_config(jwks.url), clock=clock)
+        try:
+            yield validator, jwks, clock
+        finally:
+            await validator.close()
+
+
+async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
+) -> None:
+    validator, jwks, clock = tokens
+    token = key1.sign(claims())
+    assert await validator.validate(token) == (f"{ISSUER}\x1falice", frozenset({"read", "deploy"}))
+    assert jwks.fetches == 1
+    jwks.down = True  # a cached token needs neither keys nor a check
+    clock.now += 299
+    assert (await validator.validate(token))[0] == f"{ISSUER}\x1falice"
+    assert jwks.fetches == 1
+
+
+@pytest.mark.parametrize(
+    ("token_claims", "reason"),
+    [
+        (claims(exp=int(time.time()) - 120), "expired"),
+        (claims(nbf=int(time.time()) + 600), "not yet valid"),
+        (claims(iss="http://evil.test"), "wrong issuer"),
+        (claims(aud="http://other.test/mcp"), "not issued for this resource (aud)"),
+        (claims(exp=None), 'Token is missing the "exp" claim'),
+        (claims(sub=None), "no sub claim to name the caller"),
+    ],
+)
+async def test_bad_claims_are_refused_with_the_reason(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey, token_claims: dict[str, Any], reason: str
+) -> None:
+    validator, _, _ = tokens
+    with pytest.raises(InvalidToken) as refused:
+        await validator.validate(key1.sign(token_claims))
+    assert str(refused.value) == reason
+
+
+async def test_alg_none_and_hs256_with_the_public_key_are_refused(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
+) -> None:
+    validator, jwks, _ = tokens
+    none = unsigned({"alg": "none", "kid": "k1"}, claims())
+    confused = unsigned({"alg": "HS256", "kid": "k1", "typ": "JWT"}, claims(), secret=key1.public_pem())
+    for token, algorithm in ((none, "none"), (confused, "HS256")):
+        with pytest.raises(InvalidToken, match=f"algorithm {algorithm} is not accepted"):
+            await validator.validate(token)
+    assert jwks.fetches == 0  # refused before any key is looked at
+
+
+async def test_an_unknown_kid_refetches_once_per_throttle_and_a_rotated_key_is_learned(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
+) -> None:
+    validator, jwks, clock = tokens
+    await validator.validate(key1.sign(claims()))
+    forged = rsa_key("forged")
+    for _ in range(5):
+        with pytest.raises(InvalidToken, match="signed by an unknown key"):
+            await validator.validate(forged.sign(claims(sub=f"x{_}")))
+    assert jwks.fetches == 2  # the first fetch, then exactly one refetch within the throttle
+
+    rotated = rsa_key("k2")
+    jwks.keys = [rotated]
+    clock.now += 60  # the throttle (unknown_kid_refresh_min_s = 60) has passed
+    assert (await validator.validate(rotated.sign(claims())))[0] == f"{ISSUER}\x1falice"
+    assert jwks.fetches == 3
+
+
+async def test_the_last_good_keys_serve_while_the_endpoint_is_down(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
+) -> None:
+    validator, jwks, clock = tokens
+    await validator.validate(key1.sign(claims(sub="one")))
+    jwks.down = True
+    clock.now += 3600  # the key set is due for a refetch, which fails
+    assert (await validator.validate(key1.sign(claims(sub="two"))))[0] == f"{ISSUER}\x1ftwo"
+    assert jwks.fetches == 2
+
+
+async def test_es256_keys_validate_too() -> None:
+    es = SigningKey("e1", "ES256", ec.generate_private_key(ec.SECP256R1()))
+    async with jwks_server([es]) as jwks:
+        validator = OAuthTokens(auth_config(jwks.url))
+        try:
+            assert (await validator.validate(es.sign(claims())))[1] == {"read", "deploy"}
+        finally:
+            await validator.close()
+
+
+# -- the gateway in oauth mode --------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def oauth_gateway(key1: SigningKey) -> AsyncIterator[tuple[RunningGateway, Jwks]]:
+    async with jwks_server([key1]) as jwks:
+        config = f"""
+[auth]
+mode = "oauth"
+resource = "{RESOURCE}"
+authorization_servers = ["{ISSUER}"]
+scopes_supported = ["read", "deploy"]
+
+[auth.jwt]
+issuer = "{ISSUER}"
+jwks_uri = "{jwks.url}"
+
+[[auth.rules]]
+match = "deploy"
+scopes = ["deploy"]
+"""
+        async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gw:
+            yield gw, jwks
+
+
+@pytest.mark.parametrize(
+    ("case", "description"),
+    [
+        ("expired", "expired"),
+        ("wrong_issuer", "wrong issuer"),
+        ("wrong_audience", "not issued for this resource (aud)"),
+        ("alg_none", "algorithm none is not accepted"),
+        ("hs256", "algorithm HS256 is not accepted"),
+        ("garbage", "not a JWT"),
+    ],
+)
+async def test_the_gateway_answers_bad_tokens_401_invalid_token(
+    oauth_gateway: tuple[RunningGateway, Jwks],
+    http: aiohttp.ClientSession,
+    key1: SigningKey,
+    case: str,
+    description: str,
+) -> None:
+    gw, _ = oauth_gateway
+    bad_tokens: dict[str, Callable[[], str]] = {
+        "expired": lambda: key1.sign(claims(exp=int(time.time()) - 120)),
+        "wrong_issuer": lambda: key1.sign(claims(iss="http://evil.test")),
+        "wrong_audience": lambda: key1.sign(claims(aud="http://other.test/mcp")),
+        "alg_none": lambda: unsigned({"alg": "none", "kid": "k1"}, claims()),
+        "hs256": lambda: unsigned({"alg": "HS256", "kid": "k1"}, claims(), secret=key1.public_pem()),
+        "garbage": lambda: "not-a-jwt",
+    }
+    token = bad_tokens[case]()
+    reply = await WireClient(http, gw.url, MODERN).request("tools/list", headers={"Authorization": f"Bearer {token}"})
+    assert reply.status == 401, reply.messages
+    metadata = "http://gateway.test/.well-known/oauth-protected-resource/mcp"
+    assert reply.headers["WWW-Authenticate"] == (
+        f'Bearer resource_metadata="{metadata}", scope="read deploy", error="invalid_token", '
+        f'error_description="{description}"'
+    )
+
+
+async def test_the_gateway_takes_scopes_from_the_token(
+    oauth_gateway: tuple[RunningGateway, Jwks], http: aiohttp.ClientSession, key1: SigningKey
+) -> None:
+    gw, _ = oauth_gateway
+    client = WireClient(http, gw.url, MODERN)
+    reader = {"Authorization": f"Bearer {key1.sign(claims(scope='read'))}"}
+    deployer = {"Authorization": f"Bearer {key1.sign(claims(scope='read deploy'))}"}
+    listed = await client.request("tools/list", headers=reader)
+    assert listed.status == 200, listed.messages
+    assert "deploy" not in {tool["name"] for tool in listed.final["result"]["tools"]}
+    assert "deploy" in {
+        tool["name"] for tool in (await client.request("tools/list", headers=deployer)).final["result"]["tools"]
+    }
+    refused = await client.request(
+        "tools/call", {"name": "deploy", "arguments": {"environment": "prod"}}, headers=reader
+    )
+    assert refused.status == 403 and 'error="insufficient_scope"' in refused.headers["WWW-Authenticate"]
+    async with http.get(f"{gw.base}/.well-known/oauth-protected-resource") as response:
+        assert (await response.json())["authorization_servers"] == [ISSUER]

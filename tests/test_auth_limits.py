@@ -1,0 +1,152 @@
+"""`[auth.limits]`: per-principal request rate, failed task lookups and concurrent streams.
+
+The pure core (`gateway.edge.limits.PrincipalLimits`) with a hand-driven clock; then the real gateway
+(api keys, in front of a scripted upstream that counts what reaches it): a burst over the rate gets
+429 with `Retry-After` and nothing of it reaches the upstream, and 1,000 guessed task ids are cut off
+after the budget while another principal is unaffected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gateway.config import AuthLimits
+from gateway.edge.limits import PrincipalLimits, RateLimited
+from tests.conftest import start_gateway
+from tests.test_http_upstream import scripted
+from tests.wire import MODERN
+from tests.wire import Client as WireClient
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_bucket_allows_the_burst_then_the_rate_and_says_when_to_come_back() -> None:
+    clock = Clock()
+    limits = PrincipalLimits(AuthLimits(requests_per_s=2.0, burst=3), clock)
+    for _ in range(3):
+        limits.admit("a")
+    with pytest.raises(RateLimited) as refused:
+        limits.admit("a")
+    assert refused.value.http_status == 429 and refused.value.retry_after_s == 1
+    assert refused.value.data == {"reason": "rate_limited", "limit": "auth.limits.requests_per_s"}
+    limits.admit("b")  # another principal has its own bucket
+    clock.now += 0.5  # one token back at 2 per second
+    limits.admit("a")
+    with pytest.raises(RateLimited):
+        limits.admit("a")
+
+
+def test_the_failed_lookup_budget_is_per_principal_and_per_minute() -> None:
+    clock = Clock()
+    limits = PrincipalLimits(AuthLimits(failed_lookups_per_min=2), clock)
+    for _ in range(2):
+        limits.check_lookups("a")
+        limits.lookup_failed("a")
+    with pytest.raises(RateLimited) as refused:
+        limits.check_lookups("a")
+    assert refused.value.retry_after_s == 60 and refused.value.data["reason"] == "lookup_budget"
+    limits.check_lookups("b")
+    clock.now += 60
+    limits.check_lookups("a")
+
+
+def test_streams_are_counted_while_open() -> None:
+    limits = PrincipalLimits(AuthLimits(max_streams=1))
+    with limits.stream("a", 5):
+        with pytest.raises(RateLimited) as refused, limits.stream("a", 5):
+            pass
+        assert refused.value.retry_after_s == 5
+        with limits.stream("b", 5):
+            pass
+    with limits.stream("a", 5):
+        pass
+
+
+KEY_A, KEY_B = "limits-key-a", "limits-key-b"
+
+
+def config(limits: str) -> str:
+    keys = "".join(
+        f'[[auth.api_keys]]\nname = "{name}"\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n'
+        for name, key in (("a", KEY_A), ("b", KEY_B))
+    )
+    return f'[auth]\nmode = "api_key"\n{keys}\n[auth.limits]\n{limits}\n'
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_burst_over_the_rate_gets_429_and_never_reaches_the_upstream(http: aiohttp.ClientSession) -> None:
+    methods: Counter[str] = Counter()
+
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        methods[body.get("method", "")] += 1
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
+
+    async with (
+        scripted(upstream) as url,
+        start_gateway(upstream_url=url, config_text=config("requests_per_s = 0.01\nburst = 3")) as gw,
+    ):
+        a = WireClient(http, gw.url, MODERN)
+        statuses = []
+        for _ in range(8):
+            reply = await a.request(
+                "tools/call", {"name": "echo", "arguments": {}}, headers={"Authorization": f"Bearer {KEY_A}"}
+            )
+            statuses.append(reply.status)
+            if reply.status == 429:
+                assert int(reply.headers["Retry-After"]) >= 1
+                assert reply.final["error"]["data"] == {"reason": "rate_limited", "limit": "auth.limits.requests_per_s"}
+        assert statuses.count(200) == 3 and statuses.count(429) == 5, statuses
+        assert methods["tools/call"] == 3, methods
+        b = await a.request(
+            "tools/call", {"name": "echo", "arguments": {}}, headers={"Authorization": f"Bearer {KEY_B}"}
+        )
+        assert b.status == 200 and methods["tools/call"] == 4
+        async with http.get(f"{gw.base}/metrics") as response:
+            text = await response.text()
+            assert 'mcp_gateway_rejected_requests_total{reason="rate_limited"} 5.0' in text
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_guessed_task_ids_are_cut_off_after_the_budget_and_others_are_unaffected(
+    http: aiohttp.ClientSession,
+) -> None:
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {}})
+
+    limits = "requests_per_s = 100000.0\nburst = 100000\nfailed_lookups_per_min = 10"
+    async with scripted(upstream) as url, start_gateway(upstream_url=url, config_text=config(limits)) as gw:
+        client = WireClient(http, gw.url, MODERN)
+        answers: Counter[tuple[int, str]] = Counter()
+        for _ in range(1000):
+            reply = await client.request(
+                "tasks/get", {"taskId": str(uuid.uuid4())}, headers={"Authorization": f"Bearer {KEY_A}"}
+            )
+            error = reply.final["error"]
+            answers[(reply.status, error["message"].split(":")[0])] += 1
+            if reply.status == 429:
+                assert reply.headers["Retry-After"].isdigit()
+        unknown = [key for key in answers if key[1] == "Invalid params"]
+        assert len(unknown) == 1 and answers[unknown[0]] == 10, answers
+        assert answers[(429, "Too Many Requests")] == 990, answers
+        other = await client.request(
+            "tasks/get", {"taskId": str(uuid.uuid4())}, headers={"Authorization": f"Bearer {KEY_B}"}
+        )
+        assert other.status != 429 and other.final["error"]["message"] == "Invalid params: no such task"
