@@ -25,7 +25,7 @@ from gateway.config import AuthConfig, ConfigError
 from gateway.edge.responder import json_response
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
-from gateway.tasks.registry import ANONYMOUS
+from gateway.tasks.plans import ANONYMOUS
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 QUERY_TOKEN_NAMES = frozenset({"access_token", "token", "api_key", "apikey", "key"})

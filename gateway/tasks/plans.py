@@ -25,7 +25,8 @@ from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.sessions import ResponseRoute, Session
 from gateway.tasks.hosted import Caller, HostedTasks
 from gateway.tasks.records import TaskRecord
-from gateway.tasks.registry import ANONYMOUS, PendingRequest, Task
+from gateway.tasks.registry import ANONYMOUS as ANONYMOUS  # the owner of every call without auth; the edge names it
+from gateway.tasks.registry import PendingRequest, Task
 from gateway.upstream.base import Exchange, UpstreamChannel
 from gateway.waiting import wait_any
 
