@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, StoredEvent
+from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, StoredEvent, check_retention
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_backend import (
     RedisBackend,
@@ -178,9 +178,7 @@ class RedisTaskStore(TaskStore):
         outcome: bytes | None = None,
         outcome_summary: dict[str, object] | None = None,
     ) -> TaskRecord | None:
-        if outcome is not None and not status.terminal:
-            raise ValueError(f"only a terminal status keeps an outcome, not {status.value}")
-        self.check_outcome(outcome)
+        self.check_update(status, outcome)
         if await self._read(task_id) is None:
             return None
         keys = list(self._backend.keys.task(task_id))
@@ -272,10 +270,7 @@ class RedisEventLog(EventLog):
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
         safety_poll_s: float = SAFETY_POLL_S,
     ) -> None:
-        if max_events_per_task < 1:
-            raise ValueError(f"max_events_per_task must be at least 1, got {max_events_per_task}")
-        if not max_event_age_s > 0:
-            raise ValueError(f"max_event_age_s must be positive, got {max_event_age_s}")
+        check_retention(max_events_per_task, max_event_age_s)
         self._backend = backend.use()
         self._client: Any = backend.client  # replies are bytes (decode_responses is off); the stubs say str too
         self._max_events = max_events_per_task
