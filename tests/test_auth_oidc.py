@@ -84,15 +84,9 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def authorization_stack(
-    log: Path, token_format: str, tokens_config: str, advertised_suffix: str = ""
-) -> AsyncIterator[Setup]:
-    """oidc-provider issuing `token_format` tokens, and the gateway in oauth mode in front of the example
-    server, its `[auth]` ending with `tokens_config` (`{issuer}` filled in); it advertises the issuer
-    followed by `advertised_suffix`."""
-    as_port, gw_port = free_port(), free_port()
-    issuer = f"http://127.0.0.1:{as_port}"
-    resource = f"http://127.0.0.1:{gw_port}/mcp"
+async def authorization_server(log: Path, resource: str, token_format: str) -> AsyncIterator[str]:
+    """oidc-provider on a free port, issuing `token_format` tokens for `resource`; yields its issuer."""
+    as_port = free_port()
     with log.open("wb") as out:
         provider = await asyncio.create_subprocess_exec(
             "node", str(PROVIDER), str(as_port), resource, CLIENT_ID, CLIENT_SECRET, token_format,
@@ -100,6 +94,21 @@ async def authorization_stack(
         )  # fmt: skip
     try:
         await wait_for_port("127.0.0.1", as_port, READY_TIMEOUT)
+        yield f"http://127.0.0.1:{as_port}"
+    finally:
+        await stop_process(provider)
+
+
+@contextlib.asynccontextmanager
+async def authorization_stack(
+    log: Path, token_format: str, tokens_config: str, advertised_suffix: str = ""
+) -> AsyncIterator[Setup]:
+    """oidc-provider issuing `token_format` tokens, and the gateway in oauth mode in front of the example
+    server, its `[auth]` ending with `tokens_config` (`{issuer}` filled in); it advertises the issuer
+    followed by `advertised_suffix`."""
+    gw_port = free_port()
+    resource = f"http://127.0.0.1:{gw_port}/mcp"
+    async with authorization_server(log, resource, token_format) as issuer:
         config = f"""
 [auth]
 mode = "oauth"
@@ -116,8 +125,6 @@ hide = true
 """
         async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config, port=gw_port) as gw:
             yield Setup(gw, issuer)
-    finally:
-        await stop_process(provider)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -240,18 +247,11 @@ async def test_the_upstream_sees_the_gateways_own_token_never_the_clients(
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [], "tools": []}})
 
     client_key = "client-key-never-upstream"
-    as_port = free_port()
-    issuer = f"http://127.0.0.1:{as_port}"
     os.environ[UPSTREAM_SECRET_ENV] = CLIENT_SECRET
     async with asyncio.timeout(60), scripted(upstream) as upstream_url:
-        with (tmp_path / "provider.log").open("wb") as out:
-            provider = await asyncio.create_subprocess_exec(
-                "node", str(PROVIDER), str(as_port), upstream_url, CLIENT_ID, CLIENT_SECRET, "jwt",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
-            )  # fmt: skip
         try:
-            await wait_for_port("127.0.0.1", as_port, READY_TIMEOUT)
-            config = f"""
+            async with authorization_server(tmp_path / "provider.log", upstream_url, "jwt") as issuer:
+                config = f"""
 [auth]
 mode = "api_key"
 [[auth.api_keys]]
@@ -265,14 +265,15 @@ client_id = "{CLIENT_ID}"
 client_secret_env = "{UPSTREAM_SECRET_ENV}"
 scope = "read"
 """
-            async with start_gateway(upstream_url=upstream_url, config_text=config) as gw:
-                client = WireClient(http, gw.url, MODERN)
-                reply = await client.request(
-                    "tools/call", {"name": "echo", "arguments": {}}, headers={"Authorization": f"Bearer {client_key}"}
-                )
-                assert reply.status == 200, reply.messages
+                async with start_gateway(upstream_url=upstream_url, config_text=config) as gw:
+                    client = WireClient(http, gw.url, MODERN)
+                    reply = await client.request(
+                        "tools/call",
+                        {"name": "echo", "arguments": {}},
+                        headers={"Authorization": f"Bearer {client_key}"},
+                    )
+                    assert reply.status == 200, reply.messages
         finally:
-            await stop_process(provider)
             del os.environ[UPSTREAM_SECRET_ENV]
     assert seen and all(value is not None and value.startswith("Bearer ") for value in seen), seen
     assert not any(client_key in str(value) for value in seen)
