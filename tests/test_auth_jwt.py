@@ -154,7 +154,7 @@ async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
 ) -> None:
     validator, jwks, clock = tokens
     token = key1.sign(claims())
-    assert await validator.validate(token) == (f"{ISSUER}\x1falice", frozenset({"read", "deploy"}))
+    assert await validator.validate(token) == (f"{ISSUER}\x1falice", frozenset({"read", "deploy"}), {})
     assert jwks.fetches == 1
     jwks.down = True  # a cached token needs neither keys nor a check
     clock.now += 299

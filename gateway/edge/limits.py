@@ -1,9 +1,11 @@
-"""Per-principal limits (`[auth.limits]`): a request rate, a budget of failed task lookups, concurrent streams.
+"""Per-principal limits (`[auth.limits]`): a request rate, a budget of failed task lookups, concurrent
+streams; and each principal's rate of calls per tool (`requests_per_s`/`burst` of `[[auth.rules]]`).
 
 Each is kept per principal (the keyed hash), so one caller cannot use up another's share, and
 re-initializing a session resets nothing. Over a limit the edge answers HTTP 429 with `Retry-After`
 before anything reaches the task service or the upstream. A lookup of an unknown task id and of
-another principal's task cost the same budget: they are the same answer.
+another principal's task cost the same budget: they are the same answer. Rate buckets are kept in
+bounded caches: a bucket idle long enough to be full again is forgotten.
 
 Only enforced with authentication on: with mode = "none" every caller is one principal, whose
 limits would be the whole gateway's (the global ceilings of `[server]`/`[tasks]` are those).
@@ -14,16 +16,24 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gateway.config import AuthLimits
+from cachetools import TTLCache
+
+from gateway.config import AuthLimits, AuthRule
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import ProtocolError
 
 LOOKUP_WINDOW_S = 60.0
 PRUNE_AT = 10_000
-"""Principals tracked before the idle ones are forgotten (a forgotten bucket is a full one)."""
+"""Principals whose failed lookups are tracked before those outside the window are forgotten."""
+MAX_BUCKETS = 50_000
+"""Rate buckets kept per kind (principals; principal and tool pairs); beyond it the least recently
+used is forgotten, which forgives what it had used (about 250 bytes a bucket)."""
+TOOL_NAME_CHARS = 128
+"""A tool's bucket is keyed by the first this many characters of its name (MCP names are at most 128):
+a client cannot make the gateway keep long names, and names alike that far share one budget."""
 
 
 class RateLimited(ProtocolError):
@@ -39,10 +49,26 @@ class RateLimited(ProtocolError):
         self.retry_after_s = retry_after_s
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
+class TokenBuckets:
+    """Token buckets by key, each refilled at its `rate` per second up to its `burst`. An entry lives
+    `refill_s` after its last use (by then its bucket is full again, as a missing one is), and at most
+    `max_keys` are kept."""
+
+    def __init__(self, refill_s: float, clock: Callable[[], float], max_keys: int = MAX_BUCKETS) -> None:
+        self._clock = clock
+        self._buckets: TTLCache[Hashable, tuple[float, float]] = TTLCache(max_keys, refill_s, timer=clock)
+        """key -> (tokens, when they were counted)"""
+
+    def take(self, key: Hashable, rate: float, burst: int) -> float:
+        """One token from `key`'s bucket: 0.0 when it had one, else the seconds until it has."""
+        now = self._clock()
+        tokens, at = self._buckets.get(key, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - at) * rate)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            return (1 - tokens) / rate
+        self._buckets[key] = (tokens - 1, now)
+        return 0.0
 
 
 @dataclass
@@ -52,28 +78,38 @@ class _Lookups:
 
 
 class PrincipalLimits:
-    def __init__(self, config: AuthLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, config: AuthLimits, clock: Callable[[], float] = time.monotonic, rules: Sequence[AuthRule] = ()
+    ) -> None:
         self._config = config
         self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
+        self._requests = TokenBuckets(config.burst / config.requests_per_s, clock)
+        refill_s = [rule.burst / rule.requests_per_s for rule in rules if rule.burst and rule.requests_per_s]
+        self._tool_calls = TokenBuckets(max(refill_s), clock) if refill_s else None
         self._lookups: dict[str, _Lookups] = {}
         self._streams: dict[str, int] = {}
 
     def admit(self, owner: str) -> None:
         """One request of `owner`: a token from its bucket, or RateLimited."""
-        now = self._clock()
-        rate, burst = self._config.requests_per_s, self._config.burst
-        bucket = self._buckets.get(owner)
-        if bucket is None:
-            if len(self._buckets) >= PRUNE_AT:
-                self._buckets = {key: b for key, b in self._buckets.items() if now - b.at < burst / rate}
-            bucket = self._buckets[owner] = _Bucket(float(burst), now)
-        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.at) * rate)
-        bucket.at = now
-        if bucket.tokens < 1:
-            wait = math.ceil((1 - bucket.tokens) / rate)
-            raise RateLimited("rate_limited", "auth.limits.requests_per_s", "this caller's request rate", wait)
-        bucket.tokens -= 1
+        wait = self._requests.take(owner, self._config.requests_per_s, self._config.burst)
+        if wait:
+            raise RateLimited(
+                "rate_limited", "auth.limits.requests_per_s", "this caller's request rate", math.ceil(wait)
+            )
+
+    def admit_call(self, owner: str, tool: str, rule: AuthRule) -> None:
+        """One `tools/call` of `tool` by `owner`, under `rule` (the tool's `[[auth.rules]]` entry): a token
+        from the bucket of that principal and tool when the rule has a rate, or RateLimited."""
+        if self._tool_calls is None or rule.requests_per_s is None or rule.burst is None:
+            return
+        wait = self._tool_calls.take((owner, tool[:TOOL_NAME_CHARS]), rule.requests_per_s, rule.burst)
+        if wait:
+            raise RateLimited(
+                "tool_rate_limited",
+                "auth.rules.requests_per_s",
+                f"this caller's calls of the tool {tool[:TOOL_NAME_CHARS]}",
+                math.ceil(wait),
+            )
 
     def check_lookups(self, owner: str) -> None:
         """Before a request that names a task: RateLimited once `owner` used its failed-lookup budget."""
