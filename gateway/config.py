@@ -396,6 +396,18 @@ ClaimValue = str | bool | int
 """What a claim condition of `[[auth.rules]]` compares with: a string, a boolean or an integer."""
 
 
+def check_claims(claims: object, *, lists: bool) -> object:
+    """One clear error for a claims table whose values are not ClaimValues (or, with `lists`, lists of them)."""
+    if not isinstance(claims, dict):
+        return claims
+    for name, value in claims.items():
+        values = value if lists and isinstance(value, list) else [value]
+        if not name or not all(isinstance(item, str | bool | int) for item in values):
+            kinds = "a string, boolean or integer" + (", or a list of them" if lists else "")
+            raise ValueError(f"claim {name!r}: needs a name and {kinds}, not {value!r}")
+    return claims
+
+
 class ApiKey(_Section):
     """One key of mode = "api_key": its name (the principal) and the sha256 of the key, never the key."""
 
@@ -404,6 +416,11 @@ class ApiKey(_Section):
     scopes: list[str] = Field(default_factory=list)
     claims: dict[str, ClaimValue | list[ClaimValue]] = Field(default_factory=dict)
     """The claims the key's caller carries for `[[auth.rules]]` claim conditions, as a token would."""
+
+    @field_validator("claims", mode="before")
+    @classmethod
+    def _claim_values(cls, value: object) -> object:
+        return check_claims(value, lists=True)
 
     @field_validator("sha256")
     @classmethod
@@ -430,12 +447,16 @@ class AuthRule(_Section):
     (besides `[auth.limits]`)."""
     burst: int | None = Field(default=None, gt=0)
 
+    @field_validator("claims", mode="before")
+    @classmethod
+    def _claim_values(cls, value: object) -> object:
+        # One value per condition: a list here would raise "any of them, or all?"; write two rules.
+        return check_claims(value, lists=False)
+
     @model_validator(mode="after")
     def _rate_and_burst(self) -> AuthRule:
         if (self.requests_per_s is None) != (self.burst is None):
             raise ValueError(f"rule {self.match!r}: set both requests_per_s and burst, or neither")
-        if "" in self.claims:
-            raise ValueError(f"rule {self.match!r}: a claim condition needs a claim name")
         return self
 
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gateway.config import AuthConfig, JwtConfig
+from gateway.config import AuthConfig, AuthRule, JwtConfig
 from gateway.edge.auth import InvalidToken
 from gateway.edge.tokens import OAuthTokens
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
@@ -160,6 +160,19 @@ async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
     clock.now += 299
     assert (await validator.validate(token))[0] == f"{ISSUER}\x1falice"
     assert jwks.fetches == 1
+
+
+async def test_the_principal_keeps_only_the_claims_the_rules_have_conditions_on(key1: SigningKey) -> None:
+    async with jwks_server([key1]) as jwks:
+        rules = [AuthRule(match="deploy", claims={"groups": "deployers"}), AuthRule(match="x", claims={"tenant": "a"})]
+        config = auth_config(jwks.url).model_copy(update={"rules": rules})
+        validator = OAuthTokens(config)
+        try:
+            token = key1.sign(claims(groups=["ops", "deployers"], email="alice@example.com"))
+            validated = await validator.validate(token)
+        finally:
+            await validator.close()
+    assert validated.claims == {"groups": ["ops", "deployers"]}, validated  # no tenant claim; no email
 
 
 @pytest.mark.parametrize(
