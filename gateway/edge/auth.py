@@ -192,8 +192,8 @@ class EdgeAuth:
             error = AuthRefused(
                 403,
                 "claim_mismatch",
-                f"Forbidden: the tool {tool} is not available to this caller "
-                f"(a condition on its claims {', '.join(unmet)} does not hold)",
+                f"Forbidden: the tool {tool} is not available to this caller: it does not meet the rule's "
+                f"conditions on the claims {', '.join(unmet)}",
                 None,
             )
         else:
