@@ -27,7 +27,7 @@ from aiohttp import web
 
 from gateway.config import AuthLimits, AuthRule, CaptureRule
 from gateway.edge.auth import unmet_claims
-from gateway.edge.limits import PrincipalLimits, RateLimited
+from gateway.edge.limits import PrincipalLimits, RateLimited, TokenBuckets
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.summaries import call_audit
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
@@ -87,15 +87,20 @@ def test_each_principal_and_tool_has_its_own_bucket_under_a_rule() -> None:
         limits.admit_call("a", "build_x", rule)
 
 
-def test_a_forgotten_bucket_is_a_full_one() -> None:
+def test_the_buckets_stay_bounded_forgetting_full_ones_first_then_the_least_recently_used() -> None:
     clock = Clock()
-    rule = AuthRule(match="*", requests_per_s=1.0, burst=1)
-    limits = PrincipalLimits(AuthLimits(), clock, rules=[rule])
-    limits.admit_call("a", "t", rule)
-    clock.now += 1.0  # the bucket's refill time: its entry expires, and a new one starts full
-    limits.admit_call("a", "t", rule)
-    with pytest.raises(RateLimited):
-        limits.admit_call("a", "t", rule)
+    buckets = TokenBuckets(refill_s=10.0, clock=clock, max_keys=4)
+    assert buckets.take("idle", 0.1, 1) == 0.0
+    clock.now += 10.0  # "idle" is full again
+    for key in ("a", "b", "c"):
+        assert buckets.take(key, 0.1, 1) == 0.0
+    assert buckets.take("d", 0.1, 1) == 0.0  # the table is full: only "idle" is forgotten
+    for key in ("a", "b", "c", "d"):  # all remembered (and used in this order)
+        clock.now += 0.1
+        assert buckets.take(key, 0.1, 1) > 0, key
+    assert buckets.take("e", 0.1, 1) == 0.0  # none full again: the least recently used go, down to half
+    assert buckets.take("a", 0.1, 1) == 0.0  # forgotten, so full: forgiven
+    assert buckets.take("d", 0.1, 1) > 0  # recently used: still remembered and empty
 
 
 def canonical_sha256(arguments: object) -> str:

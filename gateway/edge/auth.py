@@ -89,8 +89,13 @@ def unmet_claims(rule: AuthRule, claims: Mapping[str, Any]) -> list[str]:
 
 
 def _holds(claim: object, wanted: ClaimValue) -> bool:
-    values = claim if isinstance(claim, list) else [claim]
-    return any(type(value) is type(wanted) and value == wanted for value in values)
+    if type(claim) is type(wanted):
+        return claim == wanted
+    if isinstance(claim, list):
+        for value in claim:
+            if type(value) is type(wanted) and value == wanted:
+                return True
+    return False
 
 
 class EdgeAuth:
