@@ -90,17 +90,17 @@ def test_each_principal_and_tool_has_its_own_bucket_under_a_rule() -> None:
 def test_the_buckets_stay_bounded_forgetting_full_ones_first_then_the_least_recently_used() -> None:
     clock = Clock()
     buckets = TokenBuckets(refill_s=10.0, clock=clock, max_keys=4)
-    assert buckets.take("idle", 0.1, 1) == 0.0
-    clock.now += 10.0  # "idle" is full again
-    for key in ("a", "b", "c"):
+    for key in ("a", "b", "c", "d"):
+        clock.now += 1.0
         assert buckets.take(key, 0.1, 1) == 0.0
-    assert buckets.take("d", 0.1, 1) == 0.0  # the table is full: only "idle" is forgotten
-    for key in ("a", "b", "c", "d"):  # all remembered (and used in this order)
-        clock.now += 0.1
-        assert buckets.take(key, 0.1, 1) > 0, key
-    assert buckets.take("e", 0.1, 1) == 0.0  # none full again: the least recently used go, down to half
-    assert buckets.take("a", 0.1, 1) == 0.0  # forgotten, so full: forgiven
-    assert buckets.take("d", 0.1, 1) > 0  # recently used: still remembered and empty
+    clock.now = 112.5  # a and b (used at 101 and 102) are full again; c and d are not
+    assert buckets.take("e", 0.1, 1) == 0.0  # the table is full: a and b are forgotten, c and d kept
+    assert buckets.take("c", 0.1, 1) > 0 and buckets.take("d", 0.1, 1) > 0
+    for i in range(10):  # a flood of new keys, none full again: the least recently used go
+        clock.now += 0.01
+        assert buckets.take(f"k{i}", 0.1, 1) == 0.0
+    assert buckets.take("k9", 0.1, 1) > 0  # the newest is remembered, still empty
+    assert buckets.take("c", 0.1, 1) == 0.0  # c was forgotten: full again, its use forgiven
 
 
 def canonical_sha256(arguments: object) -> str:

@@ -1,14 +1,14 @@
 """Who is calling: the edge turns a request's credentials into a `Principal`, once, applies the
-per-tool `[[auth.rules]]` to it, and answers the refusals (401, 403) with their `WWW-Authenticate` challenges.
+per-tool `[[auth.rules]]` to it, and answers the refusals (401, 403) with their `WWW-Authenticate`
+challenges where re-authorizing can help.
 
 A principal is a keyed hash (HMAC-SHA256 under `[auth] principal_key_env`) of who the caller is (an api
-key's name, or a token's `principal_claims`) plus the scopes it holds. Only the hash travels below the
-edge, as the `owner` of the `TaskCall`: tasks and sessions are bound to it. The principal also carries
-the claims the rules have conditions on (from the token, or the api key's `claims`), and nothing more
-of the token. Credentials are read from
-`Authorization: Bearer` only; a token in the query string is refused. The RFC 9728 protected-resource
-metadata document is served from here too. Token validation for mode = "oauth" lives in
-`gateway.edge.tokens`.
+key's name, or a token's `principal_claims`) plus the scopes it holds and the claims the rules have
+conditions on (from the token, or the api key's `claims`; nothing more of the token). Only the hash
+travels below the edge, as the `owner` of the `TaskCall`: tasks and sessions are bound to it.
+Credentials are read from `Authorization: Bearer` only; a token in the query string is refused. The
+RFC 9728 protected-resource metadata document is served from here too. Token validation for
+mode = "oauth" lives in `gateway.edge.tokens`; the per-tool rates in `gateway.edge.limits`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _holds(claim: object, wanted: ClaimValue) -> bool:
 
 
 class EdgeAuth:
-    """The configured `[auth]` mode: authenticates requests and checks per-tool scopes."""
+    """The configured `[auth]` mode: authenticates requests and applies the per-tool rules."""
 
     def __init__(self, config: AuthConfig, mcp_path: str, validate_token: TokenValidator | None = None) -> None:
         self.config = config

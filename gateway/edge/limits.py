@@ -28,8 +28,8 @@ PRUNE_AT = 10_000
 """Principals whose failed lookups are tracked before those outside the window are forgotten."""
 MAX_BUCKETS = 50_000
 """Rate buckets kept per kind (principals; principal and tool pairs), about 200 bytes each. Reaching
-it forgets the buckets that are full again and, if that is not enough, the least recently used down to
-half (which forgives what they had used)."""
+it forgets the buckets that are full again and, if more than half are left, the least recently used
+down to half (which forgives what they had used)."""
 TOOL_NAME_CHARS = 128
 """A tool's bucket is keyed by the first this many characters of its name (MCP names are at most 128):
 a client cannot make the gateway keep long names, and names alike that far share one budget."""
@@ -76,8 +76,9 @@ class TokenBuckets:
         return 0.0
 
     def _prune(self, now: float) -> None:
+        # Down to half at most, so that pruning (a pass over the table) comes once per max_keys / 2 new keys.
         kept = {key: bucket for key, bucket in self._buckets.items() if now - bucket[1] < self._refill_s}
-        if len(kept) >= self._max_keys:
+        if len(kept) > self._max_keys // 2:
             by_use = sorted(kept.items(), key=lambda item: item[1][1])
             kept = dict(by_use[len(by_use) - self._max_keys // 2 :])
         self._buckets = kept
