@@ -31,6 +31,8 @@ from gateway.edge.limits import PrincipalLimits, RateLimited, TokenBuckets
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.summaries import call_audit
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.test_auth_api_key import KEY_A, KEY_B, bearer, digest
+from tests.test_auth_limits import Clock
 from tests.test_http_upstream import scripted
 from tests.wire import LEGACY, MODERN, task_events
 from tests.wire import Client as WireClient
@@ -55,14 +57,6 @@ def test_a_claim_condition_is_equality_or_list_membership_of_the_same_type(
 ) -> None:
     rule = AuthRule(match="deploy", claims={"groups": "deployers", "tenant": "acme", "level": 3, "verified": True})
     assert unmet_claims(rule, claims) == unmet
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_each_principal_and_tool_has_its_own_bucket_under_a_rule() -> None:
@@ -126,14 +120,7 @@ def test_the_audit_fields_survive_a_payload_bound_they_would_exceed() -> None:
 
 # -- claims and the audit, end to end (the example server) ----------------------------------------
 
-KEY_A = "policy-key-a-0123"
-KEY_B = "policy-key-b-0123"
 SECRET_TEXT = "do-not-log-this-5a1f"
-
-
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
 
 CONFIG = f"""
 [auth]
@@ -167,10 +154,6 @@ rejected_log_interval_s = 0
 """
 
 
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def gw() -> AsyncIterator[RunningGateway]:
     async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=CONFIG) as gateway:
@@ -178,15 +161,14 @@ async def gw() -> AsyncIterator[RunningGateway]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http_a() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(headers=bearer(KEY_A), timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http_b() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(headers=bearer(KEY_B), timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
+async def sessions() -> AsyncIterator[tuple[aiohttp.ClientSession, aiohttp.ClientSession]]:
+    """HTTP sessions that send A's key and B's key."""
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        aiohttp.ClientSession(headers=bearer(KEY_A), timeout=timeout) as http_a,
+        aiohttp.ClientSession(headers=bearer(KEY_B), timeout=timeout) as http_b,
+    ):
+        yield http_a, http_b
 
 
 async def metric(http: aiohttp.ClientSession, gw: RunningGateway, reason: str) -> float:
@@ -207,8 +189,9 @@ def refusal_lines(gw: RunningGateway, reason: str) -> list[dict[str, Any]]:
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("era", [LEGACY, MODERN])
 async def test_a_tool_needing_a_claim_is_hidden_and_refused_without_it_and_works_with_it(
-    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, era: str
+    gw: RunningGateway, sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession], era: str
 ) -> None:
+    http_a, http_b = sessions
     async with asyncio.timeout(60):
         a, b = WireClient(http_a, gw.url, era), WireClient(http_b, gw.url, era)
         if era == LEGACY:
@@ -236,8 +219,9 @@ async def test_a_tool_needing_a_claim_is_hidden_and_refused_without_it_and_works
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_task_created_records_principal_tool_and_argument_digest_never_the_arguments(
-    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession
+    gw: RunningGateway, sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession]
 ) -> None:
+    http_a, http_b = sessions
     async with asyncio.timeout(60):
         arguments = {"text": SECRET_TEXT}
         principals = []
@@ -263,8 +247,9 @@ async def test_task_created_records_principal_tool_and_argument_digest_never_the
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_another_principals_task_id_is_logged_and_counted_as_unknown_task(
-    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession
+    gw: RunningGateway, sessions: tuple[aiohttp.ClientSession, aiohttp.ClientSession]
 ) -> None:
+    http_a, http_b = sessions
     async with asyncio.timeout(60):
         a, b = WireClient(http_a, gw.url), WireClient(http_b, gw.url)
         await a.initialize()
