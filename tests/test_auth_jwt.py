@@ -266,6 +266,10 @@ jwks_uri = "{jwks.url}"
 [[auth.rules]]
 match = "deploy"
 scopes = ["deploy"]
+
+[[auth.rules]]
+match = "run_tests"
+claims = {{ groups = "testers" }}
 """
         async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gw:
             yield gw, jwks
@@ -327,3 +331,22 @@ async def test_the_gateway_takes_scopes_from_the_token(
     assert refused.status == 403 and 'error="insufficient_scope"' in refused.headers["WWW-Authenticate"]
     async with http.get(f"{gw.base}/.well-known/oauth-protected-resource") as response:
         assert (await response.json())["authorization_servers"] == [ISSUER]
+
+
+async def test_the_gateway_takes_claims_from_the_token(
+    oauth_gateway: tuple[RunningGateway, Jwks], http: aiohttp.ClientSession, key1: SigningKey
+) -> None:
+    gw, _ = oauth_gateway
+    client = WireClient(http, gw.url, MODERN)
+    tester = {"Authorization": f"Bearer {key1.sign(claims(groups=['ops', 'testers']))}"}
+    other = {"Authorization": f"Bearer {key1.sign(claims(groups=['ops']))}"}
+    call = {"name": "run_tests", "arguments": {"count": 1, "delay": 0}}
+    listed = (await client.request("tools/list", headers=other)).final["result"]["tools"]
+    assert "run_tests" not in {tool["name"] for tool in listed}
+    refused = await client.request("tools/call", call, headers=other)
+    assert refused.status == 403 and "WWW-Authenticate" not in refused.headers, refused.headers
+    assert refused.final["error"]["data"] == {"reason": "claim_mismatch"}, refused.final
+    listed = (await client.request("tools/list", headers=tester)).final["result"]["tools"]
+    assert "run_tests" in {tool["name"] for tool in listed}
+    done = await client.request("tools/call", call, headers=tester)
+    assert done.final["result"]["content"][0]["text"].startswith("unit: 1 passed"), done.messages
