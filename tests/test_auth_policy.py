@@ -262,6 +262,7 @@ async def test_another_principals_task_id_is_logged_and_counted_as_unknown_task(
         assert await metric(http_a, gw, "unknown_task") == before + 1
         logged = refusal_lines(gw, "unknown_task")[-1]
         assert logged["method"] == "tasks/get" and logged["tool"] is None and logged["principal"].startswith("p_")
+        assert logged["msg"] == f"refused a request: HTTP {foreign.status} Invalid params: no such task", logged
 
 
 # -- per-tool rate limits, end to end (an upstream that counts what reaches it) --------------------

@@ -315,13 +315,14 @@ class McpEndpoint:
             no_such_task = names_task and error.message == UNKNOWN_TASK_MESSAGE
             if limits is not None and no_such_task:
                 limits.lookup_failed(call.owner)
-            if isinstance(error, RateLimited) or no_such_task:
-                self._rejections.refused(error, request.remote, call.owner, call.message)
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
-            return self._error_response(error, call.era)
+            response = self._error_response(error, call.era)
+            if isinstance(error, RateLimited) or no_such_task:
+                self._rejections.refused(error, request.remote, call.owner, call.message, response.status)
+            return response
         finally:
             if not call.resources_kept:
                 await call.resources.aclose()

@@ -113,13 +113,19 @@ class Rejections:
         self._log = RateLimitedLog(log, log_interval_s)
 
     def refused(
-        self, error: ProtocolError, remote: str | None, principal: str | None = None, message: Message | None = None
+        self,
+        error: ProtocolError,
+        remote: str | None,
+        principal: str | None = None,
+        message: Message | None = None,
+        status: int | None = None,
     ) -> None:
         """The edge answered a request with `error` (a client mistake, not a gateway fault); `principal`
-        is the caller's keyed hash once it was authenticated, `message` the request once parsed."""
+        is the caller's keyed hash once it was authenticated, `message` the request once parsed, `status`
+        the HTTP status answered when the era's mapping changed it (a legacy JSON-RPC error is a 200)."""
         reason = reason_of(error)
         self._metrics.rejected_requests.labels(reason=reason).inc()
-        text = f"refused a request: HTTP {error.http_status} {error.message}"
+        text = f"refused a request: HTTP {status or error.http_status} {error.message}"
         method = message.get("method") if message is not None else None
         tool = jsonrpc.params_of(message).get("name") if message is not None and method == "tools/call" else None
         self._log.log(
