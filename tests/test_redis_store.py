@@ -172,6 +172,11 @@ async def test_a_reader_blocked_across_a_redis_restart_resumes_without_a_gap(tmp
         await asyncio.sleep(0.5)
         assert not reading.done()
         server.start()
+        late = Pair(server.url, prefix)  # a replica that first connects after the restart
+        try:
+            assert await all_events(late.log, "t") == [b"%d" % i for i in range(100)]  # every acknowledged one
+        finally:
+            await late.close()
         for i in range(100, 200):
             await writer.log.append("t", [b"%d" % i])
         assert await asyncio.wait_for(reading, 60) == list(range(200))
