@@ -1,7 +1,7 @@
 """The connection side of the Redis store: the key layout, the scripts, the append pipeline, and the
 `RedisBackend` that holds them (and the wake-ups) for the two stores built on it.
 
-Per task, a hash, a stream and an acks hash share the `{t:<id>}` hash tag (one cluster slot); an owner's
+Per task, a hash, a stream and an acks string share the `{t:<id>}` hash tag (one cluster slot); an owner's
 index and counter share `{o:<owner>}`. Script errors come back as the exceptions here.
 """
 
@@ -84,8 +84,9 @@ class RedisKeys:
         return base + ":h", base + ":s"
 
     def acks(self, task_id: str) -> str:
-        """The answers of the task's appends in the last pipeline (what makes a retried pipeline safe)."""
-        return f"{self.prefix}{{t:{task_id}}}:a"
+        """The answers of the task's appends in the last pipeline (what makes a retried pipeline safe): a
+        string. (`:a`, the hash an earlier version kept them in, is left to expire.)"""
+        return f"{self.prefix}{{t:{task_id}}}:k"
 
     def channel(self, task_id: str) -> str:
         return f"{self.prefix}{{t:{task_id}}}:w"
