@@ -26,13 +26,17 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests import test_auth_api_key
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix
-from tests.test_auth_api_key import KEY_A, KEY_B, bearer, digest
+from tests.test_auth_api_key import KEY_A, KEY_B, digest
 from tests.test_tasks_stream import EMPTY, create_task, stream, take
 from tests.wire import LEGACY, MODERN, Client, seqs, task_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+http_a = test_auth_api_key.http_a  # principal a's requests (to either replica)
+http_b = test_auth_api_key.http_b  # principal b's
 
 RESUMES = 100
 PRINCIPAL_KEY_ENV = "MTG_TEST_PRINCIPAL_KEY"
@@ -90,20 +94,6 @@ async def replicas(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tu
                 yield a, b
     finally:
         server.stop()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http_a() -> AsyncIterator[aiohttp.ClientSession]:
-    """Principal "a"'s requests (to either replica)."""
-    async with aiohttp.ClientSession(headers=bearer(KEY_A), timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def http_b() -> AsyncIterator[aiohttp.ClientSession]:
-    """Principal "b"'s requests."""
-    async with aiohttp.ClientSession(headers=bearer(KEY_B), timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield session
 
 
 async def legacy_session(gateway: RunningGateway, http: aiohttp.ClientSession) -> Client:
