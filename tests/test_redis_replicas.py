@@ -82,7 +82,7 @@ async def together(*contexts: AbstractAsyncContextManager[RunningGateway]) -> As
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def replicas(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
-    """Replicas A and B, both started before any task exists (so neither takes over the other's)."""
+    """Replicas A and B on the module's own redis-server, one key prefix, one principal key."""
     server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
     server.start()
     try:
