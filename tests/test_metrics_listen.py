@@ -2,8 +2,8 @@
 
 When set, /metrics is served only there (the main listener answers 404 for it, like any unknown path),
 /healthz and /readyz stay on the main listener, the second listener closes with the gateway, and a
-metrics address in use stops the start with one line. check-config refuses a bad address and one
-equal to `listen` (from the file or from `--listen`).
+metrics address in use stops the start with one line. `serve` refuses a `--listen` equal to it (what
+check-config refuses in the file is in test_config.py).
 """
 
 from __future__ import annotations
@@ -17,32 +17,10 @@ import aiohttp
 import pytest
 
 from gateway.cli import main
-from gateway.config import ConfigError, load_config
-from tests.conftest import EXAMPLE_SERVER, GATEWAY_CMD, ROOT, STOP_TIMEOUT, free_port, start_gateway
+from gateway.config import load_config
+from tests.conftest import EXAMPLE_SERVER, GATEWAY_CMD, ROOT, free_port, start_gateway, stop_process
 
 TEST_TIMEOUT = 60.0
-
-
-@pytest.mark.parametrize(
-    ("text", "named"),
-    [
-        ("[server]\nmetrics_listen = 'nope'\n", "server.metrics_listen: Value error, 'nope' is not HOST:PORT"),
-        (
-            "[server]\nlisten = '127.0.0.1:9464'\nmetrics_listen = '127.0.0.1:9464'\n",
-            "server: Value error, metrics_listen '127.0.0.1:9464' must differ from listen '127.0.0.1:9464'",
-        ),
-    ],
-)
-def test_check_config_refuses_a_bad_metrics_address(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, named: str
-) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as caught:
-        load_config(path)
-    assert named in str(caught.value)
-    assert main(["check-config", str(path)]) == 2
-    assert named in capsys.readouterr().err
 
 
 def test_serve_refuses_a_listen_flag_equal_to_the_metrics_address(
@@ -99,9 +77,7 @@ async def test_a_metrics_address_in_use_stops_the_start_in_one_line(tmp_path: Pa
             async with asyncio.timeout(TEST_TIMEOUT):
                 out, err = await proc.communicate()
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            await stop_process(proc)
     assert proc.returncode == 1 and out == b"", (out, err)
     last = err.decode().strip().splitlines()[-1]
     assert last.startswith("mcp-task-gateway: [Errno 98] cannot listen on " + metrics_listen), err
