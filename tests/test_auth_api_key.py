@@ -12,6 +12,7 @@ A's session id is 404 for B. The client's key never reaches the upstream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -27,8 +28,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
+from tests.test_cli_tasks import cli, one_line
 from tests.test_http_upstream import scripted
 from tests.test_native_stream_server import NATIVE
+from tests.test_upstream_with_tasks import TOOL as EVERYTHING_TOOL
+from tests.test_upstream_with_tasks import node_command
 from tests.wire import LEGACY, MODERN
 from tests.wire import Client as WireClient
 
@@ -279,12 +283,103 @@ async def assert_only_a_sees_it(
     assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "cancelled"
 
 
-@pytest.mark.parametrize("era", [LEGACY, MODERN])
+# -- the matrix, run on hosted tasks and on pass-through ones the upstream hosts ------------------
+#
+# The example server (no Tasks: the gateway hosts them), server-everything (2025-11-25 Tasks, on stdio:
+# a process per legacy session) and the native example server on Streamable HTTP (both eras' Tasks in
+# one process, every task of the gateway's one upstream credential in one list). The list pages hold
+# one task, so A's list is read through its cursors.
+
+MATRIX_CONFIG = "[tasks]\npage_size = 1\n" + CONFIG
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def matrix_gw(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningGateway]:
+    """The gateway in front of `request.param`: "example", "everything" or "native" (see above)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if request.param == "example":
+            gateway = start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=MATRIX_CONFIG)
+        elif request.param == "everything":
+            gateway = start_gateway(upstream_cmd=node_command(), config_text=MATRIX_CONFIG)
+        else:
+            log = tmp_path_factory.mktemp("native") / "upstream.log"
+            url = await stack.enter_async_context(serve_http(NATIVE, log=log, port_option="--port"))
+            gateway = start_gateway(upstream_url=url, config_text=MATRIX_CONFIG)
+        yield await stack.enter_async_context(gateway)
+
+
+@pytest.mark.parametrize(
+    ("matrix_gw", "tool", "era"),
+    [
+        ("example", "slow_build", LEGACY),  # hosted by the gateway
+        ("example", "slow_build", MODERN),
+        ("everything", EVERYTHING_TOOL, LEGACY),  # pass-through
+        ("native", "slow_build", LEGACY),
+        ("native", "slow_build", MODERN),
+    ],
+    indirect=["matrix_gw"],
+)
 async def test_b_cannot_tell_a_task_of_a_from_a_random_id(
-    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, era: str
+    matrix_gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, tool: str, era: str
 ) -> None:
     async with asyncio.timeout(90):
-        await assert_only_a_sees_it(gw, http_a, http_b, era, "slow_build")
+        await assert_only_a_sees_it(matrix_gw, http_a, http_b, era, tool)
+
+
+# -- the CLI with a key: --header, or MCP_GATEWAY_TOKEN ----------------------------------------------
+
+NO_TOKEN = {"MCP_GATEWAY_TOKEN": ""}
+"""Whatever the environment running the tests holds: no token from it."""
+
+
+async def test_the_cli_sends_its_key_with_header_or_from_the_environment(gw: RunningGateway) -> None:
+    header = ["--header", f"Authorization: Bearer {KEY_A}"]
+    async with asyncio.timeout(90):
+        code, out, err = await cli("call", gw.url, "echo", "--args", '{"text": "hi"}', *header, env=NO_TOKEN)
+        assert (code, out) == (0, "hi\n"), err
+        code, out, err = await cli(
+            "call", gw.url, "slow_build", "--args", '{"steps": 2, "delay": 0.01}', "--task", *header, env=NO_TOKEN
+        )
+        assert code == 0, err
+        task_id = out.strip()
+        code, out, err = await cli("tail", gw.url, task_id, "--json", *header, env=NO_TOKEN)
+        assert code == 0, err
+        # The environment's token: the same caller, so its task is listed; an explicit header wins over it.
+        code, out, err = await cli("tasks", gw.url, "list", env={"MCP_GATEWAY_TOKEN": KEY_A})
+        assert code == 0 and task_id in out, err
+        code, out, err = await cli(
+            "tasks", gw.url, "get", task_id, "--era", "modern", "--header", f"Authorization: Bearer {KEY_B}",
+            env={"MCP_GATEWAY_TOKEN": KEY_A},
+        )  # fmt: skip
+        assert code == 2 and "no such task" in err, err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("call", "echo", "--args", '{"text": "hi"}'),
+        ("call", "echo", "--args", '{"text": "hi"}', "--era", "modern"),
+        ("tasks", "list"),
+        ("tail", "0123456789abcdef0123456789abcdef"),
+    ],
+)
+async def test_the_cli_without_a_key_exits_2_saying_how_to_send_one(
+    gw: RunningGateway, command: tuple[str, ...]
+) -> None:
+    name, *rest = command
+    async with asyncio.timeout(60):
+        code, out, err = await cli(name, gw.url, *rest, env=NO_TOKEN)
+    assert (code, out) == (2, ""), err
+    line = one_line(err)
+    assert line.startswith(f"{name}: ") and "HTTP 401: Unauthorized" in line, line
+    assert line.endswith("pass --header 'Authorization: Bearer TOKEN' or set MCP_GATEWAY_TOKEN"), line
+
+
+async def test_a_cli_header_without_a_colon_is_bad_input(gw: RunningGateway) -> None:
+    code, out, err = await cli("tasks", gw.url, "list", "--header", f"Bearer {KEY_A}", env=NO_TOKEN)
+    assert (code, out) == (2, "") and "expected 'Name: value'" in one_line(err), err
 
 
 # -- the upstream never sees a client's key -------------------------------------------------------
@@ -314,42 +409,6 @@ async def test_the_client_key_never_reaches_the_upstream(http_a: aiohttp.ClientS
     for headers in seen:
         assert "authorization" not in headers, headers
         assert not any(KEY_A in value for value in headers.values()), headers
-
-
-# -- the matrix for pass-through tasks: the upstream hosts them -----------------------------------
-#
-# server-everything (2025-11-25 Tasks, on stdio: a process per legacy session) and the native example
-# server on Streamable HTTP (both eras' Tasks in one process, every task of the gateway's one upstream
-# credential in one list). The list pages hold one task, so A's list is read through its cursors.
-
-PASSTHROUGH_CONFIG = "[tasks]\npage_size = 1\n" + CONFIG
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def native_gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningGateway]:
-    log = tmp_path_factory.mktemp("native") / "upstream.log"
-    async with (
-        serve_http(NATIVE, log=log, port_option="--port") as url,
-        start_gateway(upstream_url=url, config_text=PASSTHROUGH_CONFIG) as gateway,
-    ):
-        yield gateway
-
-
-@pytest.mark.parametrize("era", [LEGACY, MODERN])
-async def test_b_cannot_tell_a_task_of_a_on_a_native_upstream_from_a_random_id(
-    native_gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, era: str
-) -> None:
-    async with asyncio.timeout(90):
-        await assert_only_a_sees_it(native_gw, http_a, http_b, era, "slow_build")
-
-
-async def test_b_cannot_tell_a_passthrough_task_of_a_from_a_random_id(
-    http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession
-) -> None:
-    from tests.test_upstream_with_tasks import TOOL, node_command
-
-    async with asyncio.timeout(90), start_gateway(upstream_cmd=node_command(), config_text=PASSTHROUGH_CONFIG) as gw:
-        await assert_only_a_sees_it(gw, http_a, http_b, LEGACY, TOOL)
 
 
 async def test_the_conformance_kit_with_two_keys_passes_the_authorization_check() -> None:
