@@ -133,7 +133,9 @@ def free_port() -> int:
 async def gateway(config_text: str, port: int) -> AsyncIterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gateway.toml"
-        config.write_text(config_text + '\n[logging]\nlevel = "warning"\n', encoding="utf-8")
+        # A store of its own: two gateways cannot share the default SQLite file (one gateway per file).
+        own_store = f'\n[store]\npath = "{Path(tmp) / "gateway.db"}"\n'
+        config.write_text(config_text + own_store + '\n[logging]\nlevel = "warning"\n', encoding="utf-8")
         upstream = shlex.join([sys.executable, str(ROOT / "examples" / "build_server.py")])
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--listen", f"127.0.0.1:{port}", "--config", str(config),
