@@ -37,7 +37,8 @@ def metrics_listener(listen: str, handler: Handler) -> CleanupContext:
             await runner.cleanup()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)  # asyncio's own text repeats the address
             raise OSError(exc.errno, f"cannot listen on {listen} ([server] metrics_listen): {reason}") from None
-        log.info("metrics listening", extra={"url": f"http://{url_host(host)}:{port}/metrics"})
+        bound = runner.addresses[0][1]  # the port given, or the one drawn for port 0
+        log.info("metrics listening", extra={"url": f"http://{url_host(host)}:{bound}/metrics"})
         try:
             yield
         finally:
