@@ -1,7 +1,8 @@
 """Composition root: builds the gateway's parts from a Config and runs them on an aiohttp server.
 
 Besides the MCP endpoint it serves `/healthz` (liveness: 200 while the process serves), `/readyz`
-(readiness: 200 only while the upstream is usable, see `gateway.readiness`) and `/metrics`.
+(readiness: 200 only while the upstream is usable, see `gateway.readiness`) and `/metrics` (or, with
+`[server] metrics_listen`, `/metrics` only on that address: `gateway.metrics_listener`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.buffers import BufferBudget
-from gateway.config import Config, parse_listen
+from gateway.config import Config, parse_listen, url_host
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
@@ -29,6 +30,7 @@ from gateway.edge.tokens import OAuthTokens
 from gateway.events.capture import Capture
 from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.metrics_listener import metrics_listener
 from gateway.protocol import jsonrpc
 from gateway.readiness import Readiness, upstream_name
 from gateway.sessions import SessionRegistry
@@ -265,7 +267,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     app.router.add_route("*", config.server.path, endpoint.handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
+    if config.server.metrics_listen:
+        # First: a metrics port in use stops the start before the upstream or the stores are opened.
+        app.cleanup_ctx.append(metrics_listener(config.server.metrics_listen, metrics_handler))
+    else:
+        app.router.add_get("/metrics", metrics_handler)
     if auth.enabled:
         for path in auth.metadata_paths:
             app.router.add_get(path, auth.metadata)
@@ -285,8 +291,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
     site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
     try:
         await site.start()
-        shown_host = f"[{host}]" if ":" in host else host
-        url = f"{'https' if tls else 'http'}://{shown_host}:{port}{config.server.path}"
+        url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}{config.server.path}"
         # Listening, not necessarily usable: readiness logs the upstream's state on its own.
         log.info("gateway listening", extra={"url": url})
         if on_ready is not None:

@@ -23,12 +23,16 @@ from gateway.stores.sqlite import StoreUnavailable
 
 EXIT_CODES = (
     "Exit codes: 0 completed (call --task, tasks list|get|cancel: done), 1 failed (or the tool's result has "
-    "isError), 2 unknown task, another error answer or bad input, 3 cancelled, 4 events no longer retained "
-    "(events_gone), 5 gateway unreachable."
+    "isError), 2 unknown task, another error answer (401/403 too) or bad input, 3 cancelled, "
+    "4 events no longer retained (events_gone), 5 gateway unreachable."
 )
 log = logging.getLogger("gateway")
 
 URL_HELP = "the gateway's MCP endpoint, e.g. http://127.0.0.1:8765/mcp"
+HEADER_HELP = (
+    "a header for every request, e.g. 'Authorization: Bearer TOKEN' for a gateway with [auth] (repeat; "
+    "without an Authorization header, $MCP_GATEWAY_TOKEN is sent as one)"
+)
 ERA_HELP = "protocol era: legacy (2025-11-25, the default) or modern (2026-07-28)"
 
 
@@ -79,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--follow", action="store_true", help="with --task (implied): print its events, then its result")
     call.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
     call.add_argument("--json", action="store_true", help="print JSON: the result (one object per line; events too)")
+    call.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
     tasks = commands.add_parser(
         "tasks",
@@ -91,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     tasks.add_argument("task_id", metavar="TASK_ID", nargs="?", help="the task (get, result, cancel)")
     tasks.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
     tasks.add_argument("--json", action="store_true", help="print JSON: the task, the result, or one task per line")
+    tasks.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
     tail = commands.add_parser(
         "tail",
@@ -106,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     tail.add_argument("--json", action="store_true", help="one JSON object per event (the event's params) per line")
     tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
+    tail.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
     kit = commands.add_parser(
         "conformance",
@@ -122,9 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     kit.add_argument(
         "--args", metavar="JSON", dest="args_json", help='its arguments (default {"steps": 6, "delay": 0.25})'
     )
-    kit.add_argument(
-        "--header", metavar="'K: V'", action="append", default=[], help="a header for every request (repeat)"
-    )
+    kit.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
     kit.add_argument(
         "--other-header",
         metavar="'K: V'",
@@ -254,7 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "tail":
             from gateway.client import tail
 
-            return tail.main(args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era)
+            return tail.main(
+                args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era, headers=args.header
+            )
         if args.command == "call":
             from gateway.client import commands
 
@@ -266,11 +273,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 follow=args.follow,
                 era=args.era,
                 json_out=args.json,
+                headers=args.header,
             )
         if args.command == "tasks":
             from gateway.client import commands
 
-            return commands.main_tasks(args.url, args.action, args.task_id, era=args.era, json_out=args.json)
+            return commands.main_tasks(
+                args.url, args.action, args.task_id, era=args.era, json_out=args.json, headers=args.header
+            )
         if args.command == "conformance":
             from gateway.conformance import command
 

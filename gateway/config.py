@@ -63,6 +63,9 @@ class ServerConfig(_Section):
     """A PEM certificate (chain): the gateway serves HTTPS itself when set (with `tls_key`)."""
     tls_key: str = ""
     """The PEM private key of `tls_cert`."""
+    metrics_listen: str = ""
+    """HOST:PORT of a listener of its own serving only /metrics (plain HTTP; the main listener then
+    answers 404 for it); empty: /metrics is served on `listen`."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:
@@ -70,10 +73,26 @@ class ServerConfig(_Section):
             raise ValueError("set both tls_cert and tls_key, or neither")
         return self
 
+    @model_validator(mode="after")
+    def _metrics_apart(self) -> ServerConfig:
+        if not self.metrics_listen:
+            return self
+        host, port = parse_listen(self.metrics_listen)
+        if port != 0 and (host, port) == parse_listen(self.listen):  # port 0: any free port, never the same
+            raise ValueError(f"metrics_listen {self.metrics_listen!r} must differ from listen {self.listen!r}")
+        return self
+
     @field_validator("listen")
     @classmethod
     def _listen_has_port(cls, value: str) -> str:
         parse_listen(value)
+        return value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen_empty_or_has_port(cls, value: str) -> str:
+        if value:
+            parse_listen(value)
         return value
 
     @field_validator("path")
@@ -547,6 +566,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def url_host(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 def load_config(path: str | Path | None) -> Config:

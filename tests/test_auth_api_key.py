@@ -3,14 +3,16 @@
 Two principals, A and B (each an api key), against one gateway: the 401/400 shapes and the
 protected-resource metadata, the open health endpoints, the official SDK client sending its key in
 both eras, per-tool scopes (hidden from tools/list, 403 on call), and the matrix: every task method of
-B on A's task answers byte for byte like one on a random id, for hosted tasks in both eras and for
-pass-through tasks (server-everything, 2025-11-25), and A's session id is 404 for B. The client's key
-never reaches the upstream.
+B on A's task answers byte for byte like one on a random id, in both eras, for hosted tasks and for
+pass-through tasks (server-everything, 2025-11-25; the native example server, both eras); A's
+tasks/list shows the task (from every session of A) and B's does not, not even under another id; and
+A's session id is 404 for B. The client's key never reaches the upstream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
@@ -25,8 +27,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
+from tests.test_cli_tasks import cli, one_line
 from tests.test_http_upstream import scripted
+from tests.test_native_stream_server import NATIVE
+from tests.test_upstream_with_tasks import TOOL as EVERYTHING_TOOL
+from tests.test_upstream_with_tasks import node_command
 from tests.wire import LEGACY, MODERN
 from tests.wire import Client as WireClient
 
@@ -197,11 +203,14 @@ async def test_a_tool_needing_a_scope_is_hidden_and_its_call_is_403(
 
 # -- the matrix: A's tasks and sessions are not B's -----------------------------------------------
 
-LEGACY_METHODS = ("tasks/get", "tasks/result", "tasks/cancel", "tasks/stream")
-MODERN_METHODS = ("tasks/get", "tasks/cancel", "tasks/update", "tasks/stream")
+TASK_METHODS = ("tasks/get", "tasks/result", "tasks/cancel", "tasks/update", "tasks/list", "tasks/stream")
+"""Every task method of both eras, asked in both: one that does not exist in an era must not tell a
+foreign id from a random one either."""
 
 
 def params_for(method: str, task_id: str) -> dict[str, Any]:
+    if method == "tasks/list":
+        return {}
     if method == "tasks/update":
         return {"taskId": task_id, "inputResponses": {}}
     return {"taskId": task_id}
@@ -213,47 +222,164 @@ async def answer(client: WireClient, method: str, task_id: str) -> tuple[int, by
     return reply.status, orjson.dumps(reply.messages).replace(task_id.encode(), b"<task>")
 
 
-async def start_long_task(client: WireClient) -> str:
-    arguments = {"steps": 40, "delay": 0.5}
+async def start_long_task(client: WireClient, tool: str = "slow_build") -> str:
+    arguments = {"steps": 40, "delay": 0.5} if tool == "slow_build" else {"topic": "auth"}
     if client.era == LEGACY:
-        result = await client.result(
-            "tools/call", {"name": "slow_build", "arguments": arguments, "task": {"ttl": 60000}}
-        )
+        result = await client.result("tools/call", {"name": tool, "arguments": arguments, "task": {"ttl": 60000}})
         task_id: str = result["task"]["taskId"]
         return task_id
-    result = await client.result("tools/call", {"name": "slow_build", "arguments": arguments})
+    result = await client.result("tools/call", {"name": tool, "arguments": arguments})
     assert result["resultType"] == "task", result
     task_id = result["taskId"]
     return task_id
 
 
-@pytest.mark.parametrize("era", [LEGACY, MODERN])
+async def listed(client: WireClient) -> list[str]:
+    """Every task id of the caller's tasks/list, page after page."""
+    ids: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await client.result("tasks/list", {"cursor": cursor} if cursor is not None else {})
+        ids += [task["taskId"] for task in page["tasks"]]
+        if "nextCursor" not in page:
+            return ids
+        cursor = page["nextCursor"]
+
+
+async def assert_only_a_sees_it(
+    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, era: str, tool: str
+) -> None:
+    """A starts a task of `tool`; every task method of B on it answers like one on a random id; A still
+    sees it (in its tasks/list too, in 2025-11-25) and controls it; A's session is 404 for B."""
+    a, b = WireClient(http_a, gw.url, era), WireClient(http_b, gw.url, era)
+    if era == LEGACY:
+        await a.initialize()
+        await b.initialize()
+    task_id = await start_long_task(a, tool)
+    for method in TASK_METHODS:
+        foreign = await answer(b, method, task_id)
+        unknown = await answer(b, method, str(uuid.uuid4()))
+        assert foreign == unknown, (method, foreign, unknown)
+        if method != "tasks/list" or era == MODERN:
+            assert foreign[1].count(b'"error"') == 1, (method, foreign)
+    # B's cancel changed nothing: A still sees and controls its task.
+    assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "working"
+    if era == LEGACY:
+        # Not under another name either: a pass-through id is `<conversation tag>.<upstream id>`, and
+        # the upstream's own list would show the task to B under B's conversation tag.
+        upstream_id = task_id.rsplit(".", 1)[-1]
+        assert not [other for other in await listed(b) if upstream_id in other]
+        assert task_id in await listed(a)
+        # Another session of A lists it too (the list comes from the gateway's records, not from the
+        # session's upstream conversation).
+        other_session = WireClient(http_a, gw.url, era)
+        await other_session.initialize()
+        assert task_id in await listed(other_session)
+        # A's session id with B's key: 404, as for an unknown session.
+        stolen = await a.via(http_b).request("tools/list")
+        assert stolen.status == 404, stolen.messages
+        assert (await a.result("tools/list"))["tools"]
+    await a.result("tasks/cancel", {"taskId": task_id})
+    assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "cancelled"
+
+
+# -- the matrix, run on hosted tasks and on pass-through ones the upstream hosts ------------------
+#
+# The example server (no Tasks: the gateway hosts them), server-everything (2025-11-25 Tasks, on stdio:
+# a process per legacy session) and the native example server on Streamable HTTP (both eras' Tasks in
+# one process, every task of the gateway's one upstream credential in one list). The list pages hold
+# one task, so A's list is read through its cursors.
+
+MATRIX_CONFIG = "[tasks]\npage_size = 1\n" + CONFIG
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def matrix_gw(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[RunningGateway]:
+    """The gateway in front of `request.param`: "example", "everything" or "native" (see above)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if request.param == "example":
+            gateway = start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=MATRIX_CONFIG)
+        elif request.param == "everything":
+            gateway = start_gateway(upstream_cmd=node_command(), config_text=MATRIX_CONFIG)
+        else:
+            log = tmp_path_factory.mktemp("native") / "upstream.log"
+            url = await stack.enter_async_context(serve_http(NATIVE, log=log, port_option="--port"))
+            gateway = start_gateway(upstream_url=url, config_text=MATRIX_CONFIG)
+        yield await stack.enter_async_context(gateway)
+
+
+@pytest.mark.parametrize(
+    ("matrix_gw", "tool", "era"),
+    [
+        ("example", "slow_build", LEGACY),  # hosted by the gateway
+        ("example", "slow_build", MODERN),
+        ("everything", EVERYTHING_TOOL, LEGACY),  # pass-through
+        ("native", "slow_build", LEGACY),
+        ("native", "slow_build", MODERN),
+    ],
+    indirect=["matrix_gw"],
+)
 async def test_b_cannot_tell_a_task_of_a_from_a_random_id(
-    gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, era: str
+    matrix_gw: RunningGateway, http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession, tool: str, era: str
 ) -> None:
     async with asyncio.timeout(90):
-        a, b = WireClient(http_a, gw.url, era), WireClient(http_b, gw.url, era)
-        if era == LEGACY:
-            await a.initialize()
-            await b.initialize()
-        task_id = await start_long_task(a)
-        for method in LEGACY_METHODS if era == LEGACY else MODERN_METHODS:
-            foreign = await answer(b, method, task_id)
-            unknown = await answer(b, method, str(uuid.uuid4()))
-            assert foreign == unknown, (method, foreign, unknown)
-            assert foreign[1].count(b'"error"') == 1, (method, foreign)
-        # B's cancel changed nothing: A still sees and controls its task.
-        assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "working"
-        if era == LEGACY:
-            listed_a = {task["taskId"] for task in (await a.result("tasks/list"))["tasks"]}
-            listed_b = {task["taskId"] for task in (await b.result("tasks/list"))["tasks"]}
-            assert task_id in listed_a and task_id not in listed_b
-            # A's session id with B's key: 404, as for an unknown session.
-            stolen = await a.via(http_b).request("tools/list")
-            assert stolen.status == 404, stolen.messages
-            assert (await a.result("tools/list"))["tools"]
-        await a.result("tasks/cancel", {"taskId": task_id})
-        assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "cancelled"
+        await assert_only_a_sees_it(matrix_gw, http_a, http_b, era, tool)
+
+
+# -- the CLI with a key: --header, or MCP_GATEWAY_TOKEN ----------------------------------------------
+
+NO_TOKEN = {"MCP_GATEWAY_TOKEN": ""}
+"""Whatever the environment running the tests holds: no token from it."""
+
+
+async def test_the_cli_sends_its_key_with_header_or_from_the_environment(gw: RunningGateway) -> None:
+    header = ["--header", f"Authorization: Bearer {KEY_A}"]
+    async with asyncio.timeout(90):
+        code, out, err = await cli("call", gw.url, "echo", "--args", '{"text": "hi"}', *header, env=NO_TOKEN)
+        assert (code, out) == (0, "hi\n"), err
+        code, out, err = await cli(
+            "call", gw.url, "slow_build", "--args", '{"steps": 2, "delay": 0.01}', "--task", *header, env=NO_TOKEN
+        )
+        assert code == 0, err
+        task_id = out.strip()
+        code, out, err = await cli("tail", gw.url, task_id, "--json", *header, env=NO_TOKEN)
+        assert code == 0, err
+        # The environment's token: the same caller, so its task is listed; an explicit header wins over it.
+        code, out, err = await cli("tasks", gw.url, "list", env={"MCP_GATEWAY_TOKEN": KEY_A})
+        assert code == 0 and task_id in out, err
+        code, out, err = await cli(
+            "tasks", gw.url, "get", task_id, "--era", "modern", "--header", f"Authorization: Bearer {KEY_B}",
+            env={"MCP_GATEWAY_TOKEN": KEY_A},
+        )  # fmt: skip
+        assert code == 2 and "no such task" in err, err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("call", "echo", "--args", '{"text": "hi"}'),
+        ("call", "echo", "--args", '{"text": "hi"}', "--era", "modern"),
+        ("tasks", "list"),
+        ("tail", "0123456789abcdef0123456789abcdef"),
+    ],
+)
+async def test_the_cli_without_a_key_exits_2_saying_how_to_send_one(
+    gw: RunningGateway, command: tuple[str, ...]
+) -> None:
+    name, *rest = command
+    async with asyncio.timeout(60):
+        code, out, err = await cli(name, gw.url, *rest, env=NO_TOKEN)
+    assert (code, out) == (2, ""), err
+    line = one_line(err)
+    assert line.startswith(f"{name}: ") and "HTTP 401: Unauthorized" in line, line
+    assert line.endswith("pass --header 'Authorization: Bearer TOKEN' or set MCP_GATEWAY_TOKEN"), line
+
+
+async def test_a_cli_header_without_a_colon_is_bad_input(gw: RunningGateway) -> None:
+    code, out, err = await cli("tasks", gw.url, "list", "--header", f"Bearer {KEY_A}", env=NO_TOKEN)
+    assert (code, out) == (2, "") and "expected 'Name: value'" in one_line(err), err
 
 
 # -- the upstream never sees a client's key -------------------------------------------------------
@@ -283,31 +409,6 @@ async def test_the_client_key_never_reaches_the_upstream(http_a: aiohttp.ClientS
     for headers in seen:
         assert "authorization" not in headers, headers
         assert not any(KEY_A in value for value in headers.values()), headers
-
-
-# -- the matrix for pass-through tasks: server-everything hosts them --------------------------------
-
-
-async def test_b_cannot_tell_a_passthrough_task_of_a_from_a_random_id(
-    http_a: aiohttp.ClientSession, http_b: aiohttp.ClientSession
-) -> None:
-    from tests.test_upstream_with_tasks import TOOL, node_command
-
-    async with asyncio.timeout(90), start_gateway(upstream_cmd=node_command(), config_text=CONFIG) as gw:
-        a, b = WireClient(http_a, gw.url), WireClient(http_b, gw.url)
-        await a.initialize()
-        await b.initialize()
-        created = await a.result("tools/call", {"name": TOOL, "arguments": {"topic": "auth"}, "task": {"ttl": 60000}})
-        task_id = created["task"]["taskId"]
-        for method in LEGACY_METHODS:
-            foreign = await answer(b, method, task_id)
-            unknown = await answer(b, method, str(uuid.uuid4()))
-            assert foreign == unknown, (method, foreign, unknown)
-            assert foreign[1].count(b'"error"') == 1, (method, foreign)
-        assert task_id not in {task["taskId"] for task in (await b.result("tasks/list"))["tasks"]}
-        assert task_id in {task["taskId"] for task in (await a.result("tasks/list"))["tasks"]}
-        assert (await a.result("tasks/get", {"taskId": task_id}))["status"] == "working"
-        assert (await a.via(http_b).request("tools/list")).status == 404
 
 
 async def test_the_conformance_kit_with_two_keys_passes_the_authorization_check() -> None:

@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import pytest
 
 from gateway import __version__
 from gateway.client import recorded_at
+from gateway.client.headers import TOKEN_ENV, BadHeader, request_headers
 from gateway.client.tail import Timeline
 from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, free_port, start_gateway
 from tests.test_upstream_with_tasks import node_command
@@ -36,11 +37,12 @@ RECORDED_AT = "io.github.mcp-task-gateway/recordedAt"
 TERMINAL_SUFFIX = ".task.terminal"
 
 
-async def cli(*args: str, timeout: float = 60) -> tuple[int, str, str]:
-    """`mcp-task-gateway ARGS...` to completion: (exit code, stdout, stderr); never a traceback."""
+async def cli(*args: str, timeout: float = 60, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """`mcp-task-gateway ARGS...` to completion, with `env` added to the environment: (exit code,
+    stdout, stderr); never a traceback."""
     if not CLI.exists():
         pytest.fail(f"{CLI} is missing: run the tests with `make test` (it installs the console script)")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **(env or {})}
     proc = await asyncio.create_subprocess_exec(
         str(CLI), *args,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -97,6 +99,18 @@ async def gw() -> AsyncIterator[RunningGateway]:
 
 
 # -- the example server: tasks hosted by the gateway --------------------------------------------------
+
+
+def test_headers_from_the_command_line_and_the_environment() -> None:
+    token = {TOKEN_ENV: " t0k "}
+    assert request_headers(["X-Trace: 1", "X-Trace:2"], {}) == {"X-Trace": "2"}  # a later value wins
+    assert request_headers(["X-Trace: 1"], token) == {"X-Trace": "1", "Authorization": "Bearer t0k"}
+    assert request_headers(["authorization: Basic x"], token) == {"authorization": "Basic x"}  # explicit wins
+    assert request_headers([], {TOKEN_ENV: " "}) == {}
+    with pytest.raises(BadHeader, match="--header 'Bearer x': expected 'Name: value'"):
+        request_headers(["Bearer x"], token)
+    with pytest.raises(BadHeader, match="expected 'Name: value'"):
+        request_headers([": x"], {})
 
 
 async def test_version() -> None:
@@ -284,12 +298,11 @@ async def test_passthrough_story(everything: RunningGateway) -> None:
     assert out.splitlines()[-1].split()[2:4] == ["task.terminal", "completed"], out
     assert "Generating report..." in out
 
-    # tasks/list of an upstream with Tasks is forwarded to the session's own upstream conversation and
-    # lists that conversation's tasks (docs/tasks-stream.md §9); on stdio each session has a process of
-    # its own, so the list of this new session does not show the task (yet: a gateway-side decision).
+    # tasks/list answers from the gateway's records (docs/tasks-stream.md §9): the caller's tasks from
+    # every session, though on stdio each session has an upstream process of its own.
     code, out, err = await cli("tasks", url, "list", "--json")
     assert code == 0, err
-    assert all(isinstance(task["taskId"], str) and "status" in task for task in json_lines(out)), out
+    assert [task["taskId"] for task in json_lines(out)] == [task_id], out
 
     code, out, err = await cli("tasks", url, "result", task_id)
     assert code == 0, err

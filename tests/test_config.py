@@ -61,6 +61,11 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
         ("[store]\nkind = 'sqlite'\nsynchronous = 'off'\n", "store.synchronous: Input should be 'normal' or 'full'"),
         ("[store]\nkind = 'sqlite'\npath = ''\n", "store.path: String should have at least 1 character"),
         ("[store]\nkind = 'memory'\nfile = 'x'\n", "store.file: unknown key"),
+        ("[server]\nmetrics_listen = 'nope'\n", "server.metrics_listen: Value error, 'nope' is not HOST:PORT"),
+        (
+            "[server]\nlisten = '127.0.0.1:9464'\nmetrics_listen = '127.0.0.1:9464'\n",
+            "server: Value error, metrics_listen '127.0.0.1:9464' must differ from listen '127.0.0.1:9464'",
+        ),
         ("[server\n", "not valid TOML"),
     ],
 )

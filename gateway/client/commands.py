@@ -9,18 +9,20 @@ Results and tasks go to stdout (readable text, or JSON with `--json`); notices a
 stderr in one line each, never a traceback. Exit codes are `tail`'s (`tail.py`): for the commands
 about an outcome (`call`, `call --task --follow`, `tasks result`) 0 completed, 1 failed (or a tool
 result with isError), 3 cancelled, 4 events gone; for the others (`call --task`, `tasks list|get|cancel`)
-0 when it was done. For all: 2 an error answer (unknown task, unknown tool...) or bad input, 5 the
-gateway is unreachable, 130 interrupted.
+0 when it was done. For all: 2 an error answer (unknown task, unknown tool, a 401 or 403 of a gateway
+with `[auth]`...) or bad input, 5 the gateway is unreachable, 130 interrupted. `--header 'Name: value'`
+(or `MCP_GATEWAY_TOKEN`, `headers.py`) goes with every request.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TextIO
 
 import orjson
 
+from gateway.client.headers import BadHeader, request_headers
 from gateway.client.stream import EraName, GatewayClient, GatewayError, JsonRpcError
 from gateway.client.tail import (
     EXIT_COMPLETED,
@@ -131,13 +133,14 @@ async def call(
     follow: bool = False,
     era: EraName = "legacy",
     json_out: bool = False,
+    headers: Mapping[str, str] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
     """`call`: see the module docstring. `follow` implies `task`."""
     output = Output("call", out, err, json_out=json_out)
     try:
-        async with GatewayClient(url, era=era) as client:
+        async with GatewayClient(url, era=era, headers=headers) as client:
             result = await client.call_tool(tool, arguments, task=task or follow)
             task_id = client.created_task(result)
             if task_id is None:
@@ -183,6 +186,7 @@ async def tasks(
     *,
     era: EraName = "legacy",
     json_out: bool = False,
+    headers: Mapping[str, str] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -190,7 +194,7 @@ async def tasks(
     output = Output("tasks", out, err, json_out=json_out)
     subject = "tasks/list" if action == "list" else f"task {task_id}"
     try:
-        async with GatewayClient(url, era=era) as client:
+        async with GatewayClient(url, era=era, headers=headers) as client:
             if action == "list":
                 for listed in await client.list_tasks():
                     output.line(listed, task_line(listed))
@@ -220,18 +224,26 @@ def main_call(
     follow: bool = False,
     era: EraName = "legacy",
     json_out: bool = False,
+    headers: Sequence[str] = (),
 ) -> int:
     """Entry point of `mcp-task-gateway call`."""
     try:
         check_url(url)
         arguments = parse_arguments(args_json)
-    except UsageError as exc:
+        sent = request_headers(headers)
+    except (UsageError, BadHeader) as exc:
         return usage_error(exc, "call")
-    return run(call(url, tool, arguments, task=task, follow=follow, era=era, json_out=json_out))
+    return run(call(url, tool, arguments, task=task, follow=follow, era=era, json_out=json_out, headers=sent))
 
 
 def main_tasks(
-    url: str, action: TaskAction, task_id: str | None, *, era: EraName = "legacy", json_out: bool = False
+    url: str,
+    action: TaskAction,
+    task_id: str | None,
+    *,
+    era: EraName = "legacy",
+    json_out: bool = False,
+    headers: Sequence[str] = (),
 ) -> int:
     """Entry point of `mcp-task-gateway tasks`."""
     try:
@@ -240,6 +252,7 @@ def main_tasks(
             raise UsageError("list takes no TASK_ID")
         if action != "list" and not task_id:
             raise UsageError(f"{action} needs a TASK_ID: mcp-task-gateway tasks URL {action} TASK_ID")
-    except UsageError as exc:
+        sent = request_headers(headers)
+    except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tasks")
-    return run(tasks(url, action, task_id, era=era, json_out=json_out))
+    return run(tasks(url, action, task_id, era=era, json_out=json_out, headers=sent))

@@ -9,8 +9,9 @@ a replayed event shows when it happened; an event without one (another SEP-2694 
 arrived here, marked `~`. `--json` prints each event's params as sent, `_meta` (and recordedAt) included.
 
 The printing, following and exit codes here are shared with `call` and `tasks` (`commands.py`).
-Exit codes: 0 completed, 1 failed, 2 unknown task or another error answer (or bad input), 3 cancelled,
-4 events no longer retained (events_gone), 5 gateway unreachable, 130 interrupted.
+Exit codes: 0 completed, 1 failed, 2 unknown task or another error answer (a 401 or 403 of a gateway
+with `[auth]` too) or bad input, 3 cancelled, 4 events no longer retained (events_gone), 5 gateway
+unreachable, 130 interrupted. `--header` (and `MCP_GATEWAY_TOKEN`) go with every request (`headers.py`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
 import orjson
 
+from gateway.client.headers import AUTH_HINT, BadHeader, request_headers
 from gateway.client.stream import (
     EraName,
     EventsGone,
@@ -229,7 +231,9 @@ def failure(exc: GatewayError, say: Callable[[str], None], subject: str) -> int:
         say(f"{exc}")
         return EXIT_EVENTS_GONE
     if isinstance(exc, JsonRpcError):
-        say(f"{subject}: {exc.message} (code {exc.code})")
+        status = f"HTTP {exc.http_status}: " if exc.http_status in (401, 403) else ""
+        hint = f"; {AUTH_HINT}" if exc.http_status == 401 else ""
+        say(f"{subject}: {status}{exc.message} (code {exc.code}){hint}")
         return EXIT_ERROR
     if isinstance(exc, TransportError):
         say(f"{subject}: {exc}")
@@ -245,6 +249,7 @@ async def tail(
     after: int | None = None,
     json_lines: bool = False,
     era: EraName = "legacy",
+    headers: Mapping[str, str] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     max_reconnects: int = 10,
@@ -252,7 +257,7 @@ async def tail(
     """Follow the task's events to its end; return the exit code (see the module docstring)."""
     printer = Printer(out, err, json_lines=json_lines, after=after)
     try:
-        async with GatewayClient(url, era=era) as client:
+        async with GatewayClient(url, era=era, headers=headers) as client:
             return await follow_task(client, task_id, printer, after=after, max_reconnects=max_reconnects)
     except GatewayError as exc:
         return failure(exc, printer.notice, f"task {task_id}")
@@ -267,7 +272,7 @@ def check_url(url: str) -> None:
         raise UsageError(f"{url!r} is not an http(s) URL; the gateway's endpoint looks like http://127.0.0.1:8765/mcp")
 
 
-def usage_error(exc: UsageError, prog: str) -> int:
+def usage_error(exc: UsageError | BadHeader, prog: str) -> int:
     notice(sys.stderr, str(exc), prog)
     return EXIT_ERROR
 
@@ -286,10 +291,19 @@ def run(command: Coroutine[Any, Any, int]) -> int:
         return EXIT_COMPLETED
 
 
-def main(url: str, task_id: str, *, after: int | None = None, json_lines: bool = False, era: EraName = "legacy") -> int:
+def main(
+    url: str,
+    task_id: str,
+    *,
+    after: int | None = None,
+    json_lines: bool = False,
+    era: EraName = "legacy",
+    headers: Sequence[str] = (),
+) -> int:
     """Entry point of `mcp-task-gateway tail`."""
     try:
         check_url(url)
-    except UsageError as exc:
+        sent = request_headers(headers)
+    except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tail")
-    return run(tail(url, task_id, after=after, json_lines=json_lines, era=era))
+    return run(tail(url, task_id, after=after, json_lines=json_lines, era=era, headers=sent))

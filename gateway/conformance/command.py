@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.client.headers import BadHeader, parse_headers, request_headers
 from gateway.conformance.checks import Target, run_era
 from gateway.conformance.registry import ERAS, Era, Result
 from gateway.conformance.report import as_json, counts, junit, table
@@ -22,16 +23,6 @@ its default 1 s `after_ms` makes it a task."""
 
 class UsageError(ValueError):
     """A bad option; the message says which and why."""
-
-
-def parse_headers(values: Sequence[str], option: str) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for value in values:
-        name, colon, content = value.partition(":")
-        if not colon or not name.strip():
-            raise UsageError(f"{option} {value!r}: expected 'Name: value'")
-        headers[name.strip()] = content.strip()
-    return headers
 
 
 def parse_arguments(text: str | None) -> dict[str, Any]:
@@ -71,11 +62,11 @@ def main(
             url=url,
             tool=tool or DEFAULT_TOOL,
             arguments=parse_arguments(args_json) if tool is None or args_json is not None else {},
-            headers=parse_headers(headers, "--header"),
+            headers=request_headers(headers),
             other_headers=None if other_headers is None else parse_headers(other_headers, "--other-header"),
             timeout=timeout,
         )
-    except UsageError as exc:
+    except (UsageError, BadHeader) as exc:
         print(f"mcp-task-gateway conformance: {exc}", file=sys.stderr)
         return 2
     eras = [name for name in ERAS if era in ("both", name)]

@@ -138,7 +138,14 @@ class TaskService:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
         task, with ids mapped (the channel tap) and the tasks a tools/call creates learned. A
         tasks/stream comes here only when the upstream serves it itself: its stream is the upstream's,
-        relayed as it comes (the tap maps the ids in its events), and a dropped client cancels it."""
+        relayed as it comes (the tap maps the ids in its events), and a dropped client cancels it.
+        tasks/list is never forwarded: see `_task_method`."""
+        if call.method == "tasks/list":
+            # The upstream's own list shows the tasks of every caller behind the gateway's one upstream
+            # credential (and names another conversation's tasks under this one's tag): the caller's own
+            # come from the gateway's records, paged like hosted tasks, in every session; a 2026-07-28
+            # client gets the -32601 of a method SEP-2663 removed, whatever the upstream would answer.
+            return await self._task_method(call)
         answer_route: ResponseRoute | None = None
         streaming = call.method == "tasks/stream"
         if streaming:
