@@ -84,9 +84,15 @@ async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
         raise AssertionError(f"not within {WAIT:g} s: {what}") from None
 
 
-async def test_a_cancel_sent_to_another_replica_cancels_the_owners_task(tmp_path: Path) -> None:
-    marker = tmp_path / "build.marker"
-    async with two_replicas(tmp_path) as (a, b), GatewayClient(a.url) as on_a, GatewayClient(b.url) as on_b:
+async def test_a_cancel_and_an_input_answer_sent_to_another_replica_reach_the_owner(tmp_path: Path) -> None:
+    async with two_replicas(tmp_path) as (a, b):
+        await cancel_through(a, b, tmp_path / "build.marker")
+        await answer_input_through(a, b)
+
+
+async def cancel_through(a: RunningGateway, b: RunningGateway, marker: Path) -> None:
+    """A 2025-11-25 tasks/cancel sent to B of a task A runs: A stops the call and records `cancelled`."""
+    async with GatewayClient(a.url) as on_a, GatewayClient(b.url) as on_b:
         task_id = await on_a.start_task("slow_build", {"steps": 600, "delay": 0.05, "marker": str(marker)})
         assert task_id is not None
         await read_events(on_b, task_id, None, 3)  # running on A, read on B
@@ -94,7 +100,7 @@ async def test_a_cancel_sent_to_another_replica_cancels_the_owners_task(tmp_path
         assert cancelled["taskId"] == task_id and cancelled["status"] == "cancelled"
 
         async def call_stopped() -> bool:
-            return "cancelled" in marker.read_text()
+            return "cancelled" in await asyncio.to_thread(marker.read_text)
 
         await until("A's upstream call stops", call_stopped)
         events = await read_events(on_b, task_id, None, None)
@@ -104,12 +110,9 @@ async def test_a_cancel_sent_to_another_replica_cancels_the_owners_task(tmp_path
     assert [event["seq"] for event in events] == list(range(len(events)))
 
 
-async def test_an_input_answer_sent_to_another_replica_reaches_the_owners_round(tmp_path: Path) -> None:
-    async with (
-        two_replicas(tmp_path) as (a, b),
-        GatewayClient(a.url, era="modern") as on_a,
-        GatewayClient(b.url, era="modern") as on_b,
-    ):
+async def answer_input_through(a: RunningGateway, b: RunningGateway) -> None:
+    """A 2026-07-28 tasks/update sent to B answers the input round of the call A runs."""
+    async with GatewayClient(a.url, era="modern") as on_a, GatewayClient(b.url, era="modern") as on_b:
         task_id = (await modern_deploy(on_a, "prod"))["taskId"]
 
         async def waiting_for_input() -> bool:
