@@ -61,6 +61,10 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
         ("[store]\nkind = 'sqlite'\nsynchronous = 'off'\n", "store.synchronous: Input should be 'normal' or 'full'"),
         ("[store]\nkind = 'sqlite'\npath = ''\n", "store.path: String should have at least 1 character"),
         ("[store]\nkind = 'memory'\nfile = 'x'\n", "store.file: unknown key"),
+        (
+            "[store]\nkind = 'redis'\nlease_ttl_s = 0.1\n",
+            "store.lease_ttl_s: Input should be greater than or equal to 0.5",
+        ),
         ("[server\n", "not valid TOML"),
     ],
 )
