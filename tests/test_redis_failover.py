@@ -46,18 +46,13 @@ task_support = "optional"
 """
 
 
-def replica_config(redis: RedisServer, prefix: str) -> str:
-    store = f'[store]\nkind = "redis"\nurl = "{redis.url}"\nkey_prefix = "{prefix}"\nlease_ttl_s = {LEASE_TTL_S}\n'
-    return store + DEPLOY_POLICY
-
-
 @contextlib.asynccontextmanager
 async def two_replicas(tmp_path: Path) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
     """Replicas A and B on one Redis of the test's own (one key prefix)."""
     redis = RedisServer(tmp_path / "redis")
     redis.start()
     try:
-        config = replica_config(redis, fresh_prefix())
+        config = redis.gateway_config(fresh_prefix(), LEASE_TTL_S) + DEPLOY_POLICY
         async with (
             start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as a,
             start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as b,
