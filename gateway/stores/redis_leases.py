@@ -81,6 +81,9 @@ class RedisLeases(LeaseStore):
         self._leased.difference_update(task_ids)
         await self._client.zrem(self._backend.keys.leases, *task_ids)
 
+    def forget(self, task_id: str) -> None:
+        self._leased.discard(task_id)
+
     async def claim_expired(self) -> list[Claim]:
         keys = self._backend.keys
         seconds, micros = await self._client.time()

@@ -55,6 +55,10 @@ class LeaseStore(ABC):
         """The tasks ended here: no lease to renew or claim any more."""
 
     @abstractmethod
+    def forget(self, task_id: str) -> None:
+        """Stop renewing a task's lease without giving it up: it expires, and a scan claims the task again."""
+
+    @abstractmethod
     async def claim_expired(self) -> list[Claim]:
         """Claim the unfinished tasks of other replicas whose leases have expired (never by idle time)."""
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 
 from gateway.tasks.hosted import HostedTasks
-from gateway.tasks.lease_store import Claim, LeaseStore, Renewal
+from gateway.tasks.lease_store import LeaseStore, Renewal
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.takeover import LEASE_EXPIRED, take_over_task
 
 __all__ = ["OwnerLeases"]
@@ -43,8 +44,9 @@ class OwnerLeases:
         self._hosted = hosted
         self._passthrough = passthrough
         self._runner: asyncio.Task[None] | None = None
-        self._stopping: set[asyncio.Future[None]] = set()
-        """Local runs of tasks taken over by another replica, being cancelled."""
+        self._background: set[asyncio.Future[None]] = set()
+        """Takeovers in progress, and local runs of tasks another replica took over being stopped: off
+        the tick, so that a slow one (an upstream to rejoin) never delays the renewals."""
         store.on_lost = self._lost
 
     @property
@@ -77,7 +79,12 @@ class OwnerLeases:
         for task_id, renewal in (await self._store.renew(running)).items():
             await self._carry_out(task_id, renewal)
         for claim in await self._store.claim_expired():
-            await self._take_over(claim)
+            record = await self._registry.store.find(claim.task_id)
+            if record is None or record.terminal:  # ended (or expired) since the claim
+                await self._store.release([claim.task_id])
+                continue
+            # Adopted here, in the tick: the next tick renews it (a task it cannot find is released).
+            self._spawn(self._take_over(self._registry.adopt(record), claim.cancel_requested))
 
     async def _carry_out(self, task_id: str, renewal: Renewal) -> None:
         """The requests another replica recorded for a task this one runs, the local way."""
@@ -91,16 +98,26 @@ class OwnerLeases:
             await self._hosted.cancel(task, "lease-renewal")
             log.info("task cancelled at another replica's request", extra={"task": task_id})
 
-    async def _take_over(self, claim: Claim) -> None:
-        record = await self._registry.store.find(claim.task_id)
-        if record is None or record.terminal:  # ended (or expired) since the claim
-            await self._store.release([claim.task_id])
-            return
-        task = self._registry.adopt(record)
+    def _spawn(self, work: Awaitable[None]) -> None:
+        future = asyncio.ensure_future(work)
+        self._background.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[None]) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and (error := future.exception()) is not None:
+            log.warning("owner leases: background work failed", extra={"error": repr(error)})
+
+    async def _take_over(self, task: Task, cancel_requested: bool) -> None:
         log.warning("taking over a task whose owner's lease expired", extra={"task": task.id})
-        await take_over_task(
-            self._registry, self._passthrough, task, LEASE_EXPIRED, cancel_requested=claim.cancel_requested
-        )
+        try:
+            await take_over_task(
+                self._registry, self._passthrough, task, LEASE_EXPIRED, cancel_requested=cancel_requested
+            )
+        except Exception as error:  # the store went away midway: let the lease lapse, to be claimed again
+            log.warning("taking over a task failed; it will be claimed again", extra={"error": repr(error)})
+            self._registry.release(task.id)
+            self._store.forget(task.id)
 
     def _lost(self, task_id: str) -> None:
         """Another replica took the task over: stop its local run (its writes are fenced anyway)."""
@@ -108,13 +125,13 @@ class OwnerLeases:
         if task is None or task.cancel is None:
             return
         hook, task.cancel = task.cancel, None
-        stopping = asyncio.ensure_future(hook())
-        self._stopping.add(stopping)
-        stopping.add_done_callback(self._stopping.discard)
+        self._spawn(hook())
 
     async def stop(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
-        await asyncio.gather(*self._stopping, return_exceptions=True)
+        for future in list(self._background):
+            future.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
