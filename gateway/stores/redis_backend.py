@@ -263,7 +263,9 @@ class RedisBackend:
         if self.held.get(task_id) == FENCED_EPOCH:
             return
         self.held[task_id] = FENCED_EPOCH
-        log.warning("task taken over by another replica: this replica stops writing it", extra={"task": task_id})
+        log.warning(
+            "task taken over by another replica (or expired): this replica stops working on it", extra={"task": task_id}
+        )
         if self.on_fenced is not None:
             self.on_fenced(task_id)
 
