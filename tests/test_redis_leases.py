@@ -154,3 +154,4 @@ async def test_an_ended_task_takes_no_requests_and_leaves_the_lease_set(replicas
     assert await b.backend.client.zscore(b.backend.keys.leases, "t") is None
     await a.leases.release(["u"])
     assert a.leases.leased() == ["t"] and await a.backend.client.zscore(a.backend.keys.leases, "u") is None
+    assert "u" not in a.backend.held  # released (ended, for the lease loop): its writes carry no epoch

@@ -28,7 +28,16 @@ from gateway.events.log import LogSealed
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_wakeups import UNAVAILABLE, WakeUps
 
-__all__ = ["RedisBackend", "RedisKeys", "StoreUnreachable", "TaskGone", "WriterFenced", "mapped", "raise_if_cancelled"]
+__all__ = [
+    "FENCED_EPOCH",
+    "RedisBackend",
+    "RedisKeys",
+    "StoreUnreachable",
+    "TaskGone",
+    "WriterFenced",
+    "mapped",
+    "raise_if_cancelled",
+]
 
 log = logging.getLogger("gateway.stores.redis")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from gateway.stores.redis_backend import RedisBackend
+from gateway.stores.redis_backend import FENCED_EPOCH, RedisBackend
 from gateway.tasks.lease_store import Claim, LeaseStore, Renewal
 
 __all__ = ["RedisLeases"]
@@ -79,6 +79,11 @@ class RedisLeases(LeaseStore):
         if not task_ids:
             return
         self._leased.difference_update(task_ids)
+        for task_id in task_ids:
+            # Ended: nothing is taken over any more, so nothing to fence (a fenced epoch stays: it holds
+            # off the late writes of a run another replica took over).
+            if self._backend.held.get(task_id, FENCED_EPOCH) != FENCED_EPOCH:
+                del self._backend.held[task_id]
         await self._client.zrem(self._backend.keys.leases, *task_ids)
 
     def forget(self, task_id: str) -> None:
