@@ -155,3 +155,11 @@ async def test_an_ended_task_takes_no_requests_and_leaves_the_lease_set(replicas
     await a.leases.release(["u"])
     assert a.leases.leased() == ["t"] and await a.backend.client.zscore(a.backend.keys.leases, "u") is None
     assert "u" not in a.backend.held  # released (ended, for the lease loop): its writes carry no epoch
+
+
+async def test_a_task_that_ended_as_it_was_renewed_is_not_reported_lost(replicas: tuple[Replica, Replica]) -> None:
+    a, _ = replicas
+    await a.create("t")
+    await a.tasks.update_status("t", TaskStatus.WORKING, TaskStatus.COMPLETED, None, "now")
+    assert await a.leases.renew(["t"]) == {}  # nothing to renew, but still this replica's
+    assert a.lost == [] and a.leases.leased() == ["t"]

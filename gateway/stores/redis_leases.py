@@ -66,8 +66,10 @@ class RedisLeases(LeaseStore):
         renewed: dict[str, Renewal] = {}
         scores: dict[str, int] = {}
         for task_id, found in zip(task_ids, await pipe.execute(), strict=True):
-            if int(found[0]) != 1:
+            held = int(found[0])
+            if held == 0:
                 self._backend.fenced(task_id)  # taken over (or gone): another replica's now
+            if held != 1:  # (2: it ended here as the renewal ran: released on the next tick)
                 continue
             scores[task_id] = int(found[1])
             renewed[task_id] = Renewal(cancel_requested=bool(found[2]), input_waiting=bool(found[3]))

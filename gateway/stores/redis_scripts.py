@@ -209,10 +209,12 @@ RENEW_LEASE = (
     + """
 -- KEYS: task hash, input list. ARGV: replica, epoch, lease ttl ms. Compare-and-set on (replica, epoch):
 -- {1, lease expiry, cancel requested 0/1, input answers waiting 0/1} while the replica holds the task
--- (unfinished), {0} once it does not (taken over, ended elsewhere, or expired).
+-- unfinished; {2} if it holds it ended (its status update just landed: nothing to renew); {0} once it
+-- does not hold it (taken over, or the record expired).
 local hash = KEYS[1]
 local fields = redis.call('HMGET', hash, 'replica', 'epoch', 'status', 'cancel')
-if fields[1] ~= ARGV[1] or fields[2] ~= ARGV[2] or not fields[3] or TERMINAL[fields[3]] then return {0} end
+if fields[1] ~= ARGV[1] or fields[2] ~= ARGV[2] or not fields[3] then return {0} end
+if TERMINAL[fields[3]] then return {2} end
 local lease = now_ms() + tonumber(ARGV[3])
 redis.call('HSET', hash, 'lease', lease)
 local waiting = 0

@@ -47,8 +47,8 @@ class LeaseStore(ABC):
 
     @abstractmethod
     async def renew(self, task_ids: list[str]) -> dict[str, Renewal]:
-        """Renew the leases of `task_ids` (one round trip for all); the ones still held. A task another
-        replica took over is reported to `on_lost` and leased no more."""
+        """Renew the leases of `task_ids` (one round trip for all); the unfinished ones still held. A task
+        another replica took over is reported to `on_lost` and leased no more."""
 
     @abstractmethod
     async def release(self, task_ids: list[str]) -> None:
