@@ -267,6 +267,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await registry.stop()
         await hosted.stop()
         await passthrough.stop()
+        if leases is not None:  # its runs stopped: the other replicas take its tasks over at once
+            await leases.hand_over()
         await sessions.stop()
         await upstream.close()
         await stores.close()

@@ -5,6 +5,8 @@ test's own `redis-server`, with a short lease TTL; clients on loopback. What mus
 
 * `tasks/cancel` sent to replica B cancels the task A runs: A's upstream call stops, and the timeline
   (read on B) ends `cancelled`; a 2026-07-28 `tasks/update` sent to B answers A's input round;
+* A stopped gracefully (SIGTERM) hands its running task over at once: B fails it without waiting for
+  A's (long) lease;
 * SIGKILL of A mid-task: B takes the task over (its lease expired), records `task.owner_lost` then
   `failed`, and a `tasks/stream` reader on B sees it live;
 * SIGSTOP of A past its lease, B takes over, SIGCONT: none of A's late appends land (no seq reused or
@@ -25,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from gateway.client import GatewayClient
-from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
+from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway, stop_process
 from tests.redis_server import RedisServer, fresh_prefix
 from tests.test_input_required import modern_deploy
 from tests.test_restart import kind, read_events
@@ -47,15 +49,19 @@ task_support = "optional"
 
 
 @contextlib.asynccontextmanager
-async def two_replicas(tmp_path: Path) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
-    """Replicas A and B on one Redis of the test's own (one key prefix)."""
+async def two_replicas(
+    tmp_path: Path, a_lease_ttl_s: float = LEASE_TTL_S
+) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
+    """Replicas A and B on one Redis of the test's own (one key prefix); A's leases last `a_lease_ttl_s`."""
     redis = RedisServer(tmp_path / "redis")
     redis.start()
     try:
-        config = redis.gateway_config(fresh_prefix(), LEASE_TTL_S) + DEPLOY_POLICY
+        prefix = fresh_prefix()
+        a_config = redis.gateway_config(prefix, a_lease_ttl_s) + DEPLOY_POLICY
+        b_config = redis.gateway_config(prefix, LEASE_TTL_S) + DEPLOY_POLICY
         async with (
-            start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as a,
-            start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as b,
+            start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=a_config) as a,
+            start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=b_config) as b,
         ):
             yield a, b
     finally:
@@ -79,10 +85,14 @@ async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
         raise AssertionError(f"not within {WAIT:g} s: {what}") from None
 
 
-async def test_a_cancel_and_an_input_answer_sent_to_another_replica_reach_the_owner(tmp_path: Path) -> None:
-    async with two_replicas(tmp_path) as (a, b):
+async def test_requests_through_another_replica_reach_the_owner_and_a_stopping_owner_hands_over(
+    tmp_path: Path,
+) -> None:
+    # A's leases outlast every wait here: only A's hand-over at its stop lets B take a task of A's.
+    async with two_replicas(tmp_path, a_lease_ttl_s=10 * WAIT) as (a, b):
         await cancel_through(a, b, tmp_path / "build.marker")
         await answer_input_through(a, b)
+        await hand_over_at_stop(a, b)
 
 
 async def cancel_through(a: RunningGateway, b: RunningGateway, marker: Path) -> None:
@@ -127,6 +137,19 @@ async def answer_input_through(a: RunningGateway, b: RunningGateway) -> None:
         events = await read_events(on_b, task_id, None, None)
     assert done["result"]["content"][0]["text"] == "deployed to prod", done
     assert "input.answered" in [kind(event) for event in events]
+
+
+async def hand_over_at_stop(a: RunningGateway, b: RunningGateway) -> None:
+    """A stopped gracefully (SIGTERM) lets its leases expire at once: B takes A's running task over."""
+    async with GatewayClient(a.url) as on_a:
+        task_id = await on_a.start_task("ticker", {"rate": 20, "seconds": 600})
+        assert task_id is not None
+    await stop_process(a.proc)
+    async with GatewayClient(b.url) as on_b:
+        events = await read_events(on_b, task_id, None, None)
+    kinds = [kind(event) for event in events]
+    assert kinds[-3:] == ["task.owner_lost", "task.status", "task.terminal"], kinds[-5:]
+    assert events[-2]["payload"]["status"] == "failed"
 
 
 async def test_a_killed_owners_task_is_failed_by_another_replica_and_seen_live(tmp_path: Path) -> None:

@@ -163,3 +163,17 @@ async def test_a_task_that_ended_as_it_was_renewed_is_not_reported_lost(replicas
     await a.tasks.update_status("t", TaskStatus.WORKING, TaskStatus.COMPLETED, None, "now")
     assert await a.leases.renew(["t"]) == {}  # nothing to renew, but still this replica's
     assert a.lost == [] and a.leases.leased() == ["t"]
+
+
+async def test_a_replica_that_gives_up_its_leases_has_its_tasks_claimed_at_once(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    a, b = replicas
+    await a.create("running")
+    await a.create("ended")
+    await a.tasks.update_status("ended", TaskStatus.WORKING, TaskStatus.COMPLETED, None, "now")
+    assert await b.leases.claim_expired() == []
+    await a.leases.give_up()
+    assert a.leases.leased() == []
+    assert await b.leases.claim_expired() == [Claim("running", cancel_requested=False)]
+    assert await b.tasks.epoch("running") == 1

@@ -53,13 +53,22 @@ class RedisLeases(LeaseStore):
         return sorted(self._leased)
 
     async def renew(self, task_ids: list[str]) -> dict[str, Renewal]:
+        return await self._renew(task_ids, self._backend.lease_ttl_ms)
+
+    async def give_up(self) -> None:
+        self.on_lost = None  # stopping: no local run is left to stop
+        await self._renew(self.leased(), 0)  # expiring now, still by compare-and-set
+        self._leased.clear()
+
+    async def _renew(self, task_ids: list[str], ttl_ms: int) -> dict[str, Renewal]:
+        """Set the leases of `task_ids` this replica holds to expire `ttl_ms` from now (one pipeline)."""
         if not task_ids:
             return {}
         keys = self._backend.keys
         pipe = self._client.pipeline(transaction=False)
         for task_id in task_ids:
             epoch = self._backend.epoch_of(task_id)
-            args: list[str | int] = [self.replica, -1 if epoch is None else epoch, self._backend.lease_ttl_ms]
+            args: list[str | int] = [self.replica, -1 if epoch is None else epoch, ttl_ms]
             await self._backend.scripts.renew_lease(
                 keys=[keys.task(task_id)[0], keys.inputs(task_id)], args=args, client=pipe
             )

@@ -51,6 +51,11 @@ class LeaseStore(ABC):
         another replica took over is reported to `on_lost` and leased no more."""
 
     @abstractmethod
+    async def give_up(self) -> None:
+        """Let every lease this replica holds expire now (a graceful stop, once its runs are stopped):
+        other replicas take the tasks over at their next scan instead of a lease TTL later."""
+
+    @abstractmethod
     async def release(self, task_ids: list[str]) -> None:
         """The tasks ended here: no lease to renew or claim any more."""
 

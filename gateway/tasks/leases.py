@@ -14,7 +14,8 @@ Every `ttl_s / 3` (and at once when another replica records a request for this o
 A renewal that finds the task's epoch moved, or a write the store fenced, means another replica took
 the task over: this replica cancels its local run (the upstream call, the watcher) without writing
 anything and forgets the task (`TaskRegistry.release`). Only an expired lease is ever claimed: a long
-task whose owner renews is never taken.
+task whose owner renews is never taken. A replica that stops gracefully lets its leases expire at once
+(`hand_over`), once its runs are stopped, so the others take its tasks over without waiting a TTL.
 """
 
 from __future__ import annotations
@@ -126,6 +127,14 @@ class OwnerLeases:
             return
         hook, task.cancel = task.cancel, None
         self._spawn(hook())
+
+    async def hand_over(self) -> None:
+        """At a graceful stop, after the local runs stopped: the unfinished tasks go to other replicas at
+        once (their leases expire now). Best effort: if the store is unreachable, the leases lapse."""
+        try:
+            await self._store.give_up()
+        except Exception as error:
+            log.warning("owner leases: could not hand the tasks over", extra={"error": repr(error)})
 
     async def stop(self) -> None:
         if self._runner is not None:
