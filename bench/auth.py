@@ -2,11 +2,13 @@
 
 Part one runs `gateway.edge.tokens.OAuthTokens` in this process against a JWKS served on loopback:
 the median cost of validating a token already in the cache, and of validating new RS256 and ES256
-tokens (signature and claims; the key set already fetched). Part two starts two gateways in front of
-the example server (stdio), one with `[auth] mode = "none"` and one with `mode = "oauth"` (the same
-JWKS), and times N sequential 2026-07-28 `echo` tools/calls through each with one raw aiohttp client,
-alternating between the two so that drift hits both alike. Prints markdown tables; `--json` also
-writes the numbers.
+tokens (signature and claims; the key set already fetched), and of the per-tool rules a permitted
+`tools/call` passes (the rule lookup, scopes, claim conditions and the per-tool bucket). Part two starts
+three gateways in front of the example server (stdio), one with `[auth] mode = "none"`, one with
+`mode = "oauth"` (the same JWKS) and one with oauth and `[[auth.rules]]` (the called tool behind the
+third rule, with scopes, claim conditions and a per-tool rate), and times N sequential 2026-07-28 `echo`
+tools/calls through each with one raw aiohttp client, alternating between them so that drift hits all
+alike. Prints markdown tables; `--json` also writes the numbers.
 
     python bench/auth.py [--tokens 20000] [--calls 500] [--json out.json]
 """
@@ -25,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,17 +35,35 @@ from typing import Any
 import aiohttp
 import jwt
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.config import AuthConfig, JwtConfig  # noqa: E402
+from gateway.config import AuthConfig, AuthRule, JwtConfig  # noqa: E402
+from gateway.edge.auth import EdgeAuth, Principal  # noqa: E402
+from gateway.edge.limits import PrincipalLimits  # noqa: E402
 from gateway.edge.tokens import OAuthTokens  # noqa: E402
 
 ISSUER = "http://issuer.bench"
 MODERN = "2026-07-28"
 STARTUP_TIMEOUT_S = 30.0
+RULES = """
+[[auth.rules]]
+match = "deploy*"
+scopes = ["deploy"]
+[[auth.rules]]
+match = "build_*"
+scopes = ["build"]
+[[auth.rules]]
+match = "echo"
+scopes = ["read"]
+claims = { groups = "bench", tenant = "acme" }
+requests_per_s = 1000000.0
+burst = 1000000
+"""
+"""Three rules, the called tool (`echo`) behind the last, with every kind of check; never refused."""
 
 
 def signing_keys() -> dict[str, tuple[str, Any]]:
@@ -64,6 +85,7 @@ def token(keys: dict[str, tuple[str, Any]], algorithm: str, resource: str, subje
     kid, private = keys[algorithm]
     now = int(time.time())
     claims = {"iss": ISSUER, "sub": subject, "aud": resource, "exp": now + 3600, "iat": now, "scope": "read"}
+    claims |= {"groups": ["ops", "bench"], "tenant": "acme"}
     return jwt.encode(claims, private, algorithm=algorithm, headers={"kid": kid})
 
 
@@ -122,6 +144,31 @@ async def validation_costs(keys: dict[str, tuple[str, Any]], jwks_url: str, coun
     return results
 
 
+def rule_cost(count: int) -> float:
+    """The median cost of `[[auth.rules]]` for a permitted `tools/call`: what the edge runs per call."""
+    config = AuthConfig.model_validate(
+        {"mode": "oauth", "resource": "http://gw/mcp", "authorization_servers": [ISSUER], "jwt": {"issuer": ISSUER}}
+        | {"rules": [AuthRule.model_validate(rule) for rule in tomllib.loads(RULES)["auth"]["rules"]]}
+    )
+
+    async def never_called(_: str) -> Any:
+        raise AssertionError
+
+    auth = EdgeAuth(config, "/mcp", never_called)
+    limits = PrincipalLimits(config.limits, rules=config.rules)
+    principal = Principal("p_bench", frozenset({"read"}), {"groups": ["ops", "bench"], "tenant": "acme"})
+    request = make_mocked_request("POST", "/mcp")
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {}}}
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        rule = auth.check_call(request, principal, message)
+        assert rule is not None
+        limits.admit_call(principal.owner, "echo", rule)
+        samples.append(time.perf_counter() - started)
+    return median_us(samples)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,7 +180,8 @@ def free_port() -> int:
 async def gateway(config_text: str, port: int) -> AsyncIterator[str]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gateway.toml"
-        config.write_text(config_text + '\n[logging]\nlevel = "warning"\n', encoding="utf-8")
+        # Memory stores: gateways side by side in one directory must not share a SQLite file.
+        config.write_text(config_text + '\n[store]\nkind = "memory"\n[logging]\nlevel = "warning"\n', encoding="utf-8")
         upstream = shlex.join([sys.executable, str(ROOT / "examples" / "build_server.py")])
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway", "serve", "--listen", f"127.0.0.1:{port}", "--config", str(config),
@@ -191,8 +239,8 @@ async def main(token_count: int, calls: int) -> dict[str, Any]:
     keys = signing_keys()
     async with jwks_server(jwks_of(keys)) as jwks_url:
         costs = await validation_costs(keys, jwks_url, token_count)
-        none_port, oauth_port = free_port(), free_port()
-        resource = f"http://127.0.0.1:{oauth_port}/mcp"
+        costs["rules_us"] = rule_cost(token_count)
+        resource = "http://127.0.0.1/mcp"  # the audience only: every gateway accepts tokens for it
         oauth_config = (
             f'[auth]\nmode = "oauth"\nresource = "{resource}"\nauthorization_servers = ["{ISSUER}"]\n'
             f'[auth.jwt]\nissuer = "{ISSUER}"\njwks_uri = "{jwks_url}"\n'
@@ -200,8 +248,13 @@ async def main(token_count: int, calls: int) -> dict[str, Any]:
             "[auth.limits]\nrequests_per_s = 1000000.0\nburst = 1000000\n"
         )
         bearer = {"Authorization": f"Bearer {token(keys, 'RS256', resource, 'bench')}"}
-        async with gateway("", none_port) as none_url, gateway(oauth_config, oauth_port) as oauth_url:
-            latency = await call_latencies({"none": (none_url, {}), "oauth": (oauth_url, bearer)}, calls)
+        async with (
+            gateway("", free_port()) as none_url,
+            gateway(oauth_config, free_port()) as oauth_url,
+            gateway(oauth_config + RULES, free_port()) as rules_url,
+        ):
+            urls = {"none": (none_url, {}), "oauth": (oauth_url, bearer), "rules": (rules_url, bearer)}
+            latency = await call_latencies(urls, calls)
     return {"validation": costs, "tools_call_median_ms": latency, "python": platform.python_version()}
 
 
@@ -217,8 +270,16 @@ if __name__ == "__main__":
     print(f"| cached token | {costs['cached_us']} |")
     print(f"| new RS256 token | {costs['uncached_RS256_us']} |")
     print(f"| new ES256 token | {costs['uncached_ES256_us']} |")
-    print("\n| 2026-07-28 `echo` tools/call (median, ms) | none | oauth | added |\n|---|---|---|---|")
-    added = round(latency["oauth"] - latency["none"], 3)
-    print(f"| gateway → stdio example server | {latency['none']} | {latency['oauth']} | {added} |")
+    print(f"| `[[auth.rules]]` of a permitted tools/call | {costs['rules_us']} |")
+    print(
+        "\n| 2026-07-28 `echo` tools/call (median, ms) | none | oauth | oauth + rules "
+        "| added by oauth | added by rules |\n|---|---|---|---|---|---|"
+    )
+    by_oauth = round(latency["oauth"] - latency["none"], 3)
+    by_rules = round(latency["rules"] - latency["oauth"], 3)
+    print(
+        f"| gateway → stdio example server | {latency['none']} | {latency['oauth']} | {latency['rules']} "
+        f"| {by_oauth} | {by_rules} |"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2), encoding="utf-8")

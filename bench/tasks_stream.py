@@ -237,43 +237,50 @@ async def first_event_seconds(
     raise RuntimeError("stream ended without an event")
 
 
-def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
-    """One client process holding `streams` streams; reports per-event delivery latencies."""
+MODERN_ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+}
 
+
+async def stamped_stream(http: aiohttp.ClientSession, url: str, task_id: str) -> tuple[int, int, list[float]]:
+    """Read one 2026-07-28 tasks/stream of a `ticker` task to its end: (events, last seq, the latency of
+    each delivery: its receive time minus the stamp of its first event, the oldest and so its worst)."""
     # 2026-07-28 requests: each POST is its own connection, so one process can hold many streams of
     # one task (a legacy session allows one active stream per task).
-    envelope = {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
-    }
     headers = {**HEADERS, "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tasks/stream", "Mcp-Name": task_id}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 4,
+        "method": "tasks/stream",
+        "params": {"taskId": task_id, "_meta": MODERN_ENVELOPE},
+    }
+    latencies: list[float] = []
+    count, last, tail = 0, -1, b""
+    async with http.post(url, json=body, headers=headers) as response:
+        async for chunk in response.content.iter_any():
+            now = time.time()
+            data = tail + chunk
+            cut = data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0
+            complete, tail = data[:cut], data[cut:]
+            stamp = STAMP.search(complete)
+            if stamp:
+                latencies.append(now - float(stamp.group(1)))
+            seqs = FRAME.findall(complete)
+            if seqs:
+                count += len(seqs)
+                last = int(seqs[-1])
+    return count, last, latencies
 
-    async def one(http: aiohttp.ClientSession) -> tuple[int, int, list[float]]:
-        params = {"taskId": task_id, "_meta": envelope}
-        body = {"jsonrpc": "2.0", "id": 4, "method": "tasks/stream", "params": params}
-        latencies: list[float] = []
-        count, last, tail = 0, -1, b""
-        async with http.post(url, json=body, headers=headers) as response:
-            async for chunk in response.content.iter_any():
-                now = time.time()
-                data = tail + chunk
-                cut = data.rfind(b"\r\n\r\n") + 4 if b"\r\n\r\n" in data else 0
-                complete, tail = data[:cut], data[cut:]
-                # The first event of a delivery is its oldest: its latency is the delivery's worst.
-                stamp = STAMP.search(complete)
-                if stamp:
-                    latencies.append(now - float(stamp.group(1)))
-                seqs = FRAME.findall(complete)
-                if seqs:
-                    count += len(seqs)
-                    last = int(seqs[-1])
-        return count, last, latencies
+
+def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
+    """One client process holding `streams` streams; reports per-event delivery latencies."""
 
     async def main() -> None:
         async with aiohttp.ClientSession(
             headers=HEADERS, connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
         ) as http:
-            results = await asyncio.gather(*(one(http) for _ in range(streams)))
+            results = await asyncio.gather(*(stamped_stream(http, url, task_id) for _ in range(streams)))
         out.put([(count, last, lat) for count, last, lat in results])
 
     asyncio.run(main())

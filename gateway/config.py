@@ -396,12 +396,35 @@ class IntrospectionConfig(_Section):
     """The name of the environment variable that holds the client secret (never the secret itself)."""
 
 
+ClaimValue = str | bool | int
+"""What a claim condition of `[[auth.rules]]` compares with: a string, a boolean or an integer."""
+
+
+def check_claims(claims: object, *, lists: bool) -> object:
+    """One clear error for a claims table whose values are not ClaimValues (or, with `lists`, lists of them)."""
+    if not isinstance(claims, dict):
+        return claims
+    for name, value in claims.items():
+        values = value if lists and isinstance(value, list) else [value]
+        if not name or not all(isinstance(item, str | bool | int) for item in values):
+            kinds = "a string, boolean or integer" + (", or a list of them" if lists else "")
+            raise ValueError(f"claim {name!r}: needs a name and {kinds}, not {value!r}")
+    return claims
+
+
 class ApiKey(_Section):
     """One key of mode = "api_key": its name (the principal) and the sha256 of the key, never the key."""
 
     name: str = Field(min_length=1)
     sha256: str
     scopes: list[str] = Field(default_factory=list)
+    claims: dict[str, ClaimValue | list[ClaimValue]] = Field(default_factory=dict)
+    """The claims the key's caller carries for `[[auth.rules]]` claim conditions, as a token would."""
+
+    @field_validator("claims", mode="before")
+    @classmethod
+    def _claim_values(cls, value: object) -> object:
+        return check_claims(value, lists=True)
 
     @field_validator("sha256")
     @classmethod
@@ -418,12 +441,31 @@ class AuthRule(_Section):
     match: str = Field(min_length=1)
     scopes: list[str] = Field(default_factory=list)
     """Every scope the caller needs to call the tool (or create a task with it)."""
+    claims: dict[str, ClaimValue] = Field(default_factory=dict)
+    """Claim conditions, every one of which must hold: the caller's claim equals the value or, when
+    the claim is a list, contains it (of the same JSON type: "1" is not 1)."""
     hide: bool = True
-    """Hide the tool from tools/list when the caller lacks the scopes."""
+    """Hide the tool from tools/list when the caller lacks the scopes or fails a claim condition."""
+    requests_per_s: float | None = Field(default=None, gt=0)
+    """With `burst`: each principal's calls of each tool the rule matches, a token bucket of its own
+    (besides `[auth.limits]`)."""
+    burst: int | None = Field(default=None, gt=0)
+
+    @field_validator("claims", mode="before")
+    @classmethod
+    def _claim_values(cls, value: object) -> object:
+        # One value per condition: a list here would raise "any of them, or all?"; write two rules.
+        return check_claims(value, lists=False)
+
+    @model_validator(mode="after")
+    def _rate_and_burst(self) -> AuthRule:
+        if (self.requests_per_s is None) != (self.burst is None):
+            raise ValueError(f"rule {self.match!r}: set both requests_per_s and burst, or neither")
+        return self
 
 
 class AuthLimits(_Section):
-    """Per-principal limits (not enforced yet: accepted and validated so a config keeps working)."""
+    """Per-principal limits, enforced with mode = "api_key" or "oauth" (`gateway.edge.limits`)."""
 
     requests_per_s: float = Field(default=50.0, gt=0)
     burst: int = Field(default=100, gt=0)
@@ -472,9 +514,14 @@ class AuthConfig(_Section):
         return self
 
     def rule_for(self, tool: object) -> AuthRule | None:
-        """The first rule whose `match` fits the tool's name; None: the tool needs no scope."""
+        """The first rule whose `match` fits the tool's name; None: the tool is open to every caller."""
         name = tool if isinstance(tool, str) else ""
         return next((rule for rule in self.rules if fnmatch.fnmatchcase(name, rule.match)), None)
+
+    @property
+    def rule_claims(self) -> frozenset[str]:
+        """The claims some rule has a condition on: all a principal needs to carry of its token."""
+        return frozenset(name for rule in self.rules for name in rule.claims)
 
 
 class LoggingConfig(_Section):

@@ -23,8 +23,9 @@ class Metrics:
             "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP "
             "parser), host, origin, content_type, accept, body_too_large, parse_error, invalid_request "
             "(including too deep), invalid_params, header_mismatch, unsupported_version, not_found, "
-            "http_method, conflict, unavailable, upstream_timeout; with [auth]: unauthorized, invalid_token, "
-            "invalid_request (a credential in the URL), insufficient_scope, rate_limited, lookup_budget, max_streams",
+            "http_method, conflict, unavailable, upstream_timeout, unknown_task (a task id that is unknown or "
+            "another caller's); with [auth]: unauthorized, invalid_token, invalid_request (a credential in the "
+            "URL), insufficient_scope, claim_mismatch, rate_limited, tool_rate_limited, lookup_budget, max_streams",
             ["reason"],
             registry=self.registry,
         )

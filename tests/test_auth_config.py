@@ -35,6 +35,21 @@ KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
         ("[auth.jwt]\nalgorithms = ['HS256']\n", "auth.jwt.algorithms: Value error, ['HS256'] not allowed"),
         ("[auth.jwt]\nalgorithms = ['none']\n", "auth.jwt.algorithms: Value error, ['none'] not allowed"),
         ("[[auth.rules]]\nscopes = ['x']\n", "auth.rules.0.match: Field required"),
+        (
+            "[[auth.rules]]\nmatch = 'deploy'\nrequests_per_s = 1.0\n",
+            "auth.rules.0: Value error, rule 'deploy': set both requests_per_s and burst, or neither",
+        ),
+        ("[[auth.rules]]\nmatch = 'x'\nburst = 0\nrequests_per_s = 1.0\n", "auth.rules.0.burst: Input should be"),
+        (
+            "[[auth.rules]]\nmatch = 'x'\nclaims = { groups = ['a', 'b'] }\n",
+            "auth.rules.0.claims: Value error, claim 'groups': needs a name and a string, boolean or integer, not",
+        ),
+        ("[[auth.rules]]\nmatch = 'x'\nclaims = { '' = 'a' }\n", "claim '': needs a name"),
+        (
+            f"[[auth.api_keys]]\nname = 'a'\nsha256 = '{KEY_DIGEST}'\nclaims = {{ level = 1.5 }}\n",
+            "auth.api_keys.0.claims: Value error, claim 'level': needs a name and a string, boolean or integer, "
+            "or a list of them, not 1.5",
+        ),
         ("[auth.limits]\nburst = 0\n", "auth.limits.burst: Input should be greater than 0"),
         ("[auth]\ntoken = 'x'\n", "auth.token: unknown key"),
         (

@@ -27,7 +27,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from gateway.config import AuthConfig, JwtConfig
+from gateway.config import AuthConfig, AuthRule, JwtConfig
 from gateway.edge.auth import InvalidToken
 from gateway.edge.tokens import OAuthTokens
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
@@ -154,12 +154,25 @@ async def test_a_good_token_names_the_caller_and_its_scopes_and_is_cached(
 ) -> None:
     validator, jwks, clock = tokens
     token = key1.sign(claims())
-    assert await validator.validate(token) == (f"{ISSUER}\x1falice", frozenset({"read", "deploy"}))
+    assert await validator.validate(token) == (f"{ISSUER}\x1falice", frozenset({"read", "deploy"}), {})
     assert jwks.fetches == 1
     jwks.down = True  # a cached token needs neither keys nor a check
     clock.now += 299
     assert (await validator.validate(token))[0] == f"{ISSUER}\x1falice"
     assert jwks.fetches == 1
+
+
+async def test_the_principal_keeps_only_the_claims_the_rules_have_conditions_on(key1: SigningKey) -> None:
+    async with jwks_server([key1]) as jwks:
+        rules = [AuthRule(match="deploy", claims={"groups": "deployers"}), AuthRule(match="x", claims={"tenant": "a"})]
+        config = auth_config(jwks.url).model_copy(update={"rules": rules})
+        validator = OAuthTokens(config)
+        try:
+            token = key1.sign(claims(groups=["ops", "deployers"], email="alice@example.com"))
+            validated = await validator.validate(token)
+        finally:
+            await validator.close()
+    assert validated.claims == {"groups": ["ops", "deployers"]}, validated  # no tenant claim; no email
 
 
 @pytest.mark.parametrize(
@@ -253,6 +266,10 @@ jwks_uri = "{jwks.url}"
 [[auth.rules]]
 match = "deploy"
 scopes = ["deploy"]
+
+[[auth.rules]]
+match = "run_tests"
+claims = {{ groups = "testers" }}
 """
         async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gw:
             yield gw, jwks
@@ -314,3 +331,22 @@ async def test_the_gateway_takes_scopes_from_the_token(
     assert refused.status == 403 and 'error="insufficient_scope"' in refused.headers["WWW-Authenticate"]
     async with http.get(f"{gw.base}/.well-known/oauth-protected-resource") as response:
         assert (await response.json())["authorization_servers"] == [ISSUER]
+
+
+async def test_the_gateway_takes_claims_from_the_token(
+    oauth_gateway: tuple[RunningGateway, Jwks], http: aiohttp.ClientSession, key1: SigningKey
+) -> None:
+    gw, _ = oauth_gateway
+    client = WireClient(http, gw.url, MODERN)
+    tester = {"Authorization": f"Bearer {key1.sign(claims(groups=['ops', 'testers']))}"}
+    other = {"Authorization": f"Bearer {key1.sign(claims(groups=['ops']))}"}
+    call = {"name": "run_tests", "arguments": {"count": 1, "delay": 0}}
+    listed = (await client.request("tools/list", headers=other)).final["result"]["tools"]
+    assert "run_tests" not in {tool["name"] for tool in listed}
+    refused = await client.request("tools/call", call, headers=other)
+    assert refused.status == 403 and "WWW-Authenticate" not in refused.headers, refused.headers
+    assert refused.final["error"]["data"] == {"reason": "claim_mismatch"}, refused.final
+    listed = (await client.request("tools/list", headers=tester)).final["result"]["tools"]
+    assert "run_tests" in {tool["name"] for tool in listed}
+    done = await client.request("tools/call", call, headers=tester)
+    assert done.final["result"]["content"][0]["text"].startswith("unit: 1 passed"), done.messages

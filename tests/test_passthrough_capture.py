@@ -7,6 +7,7 @@ test_passthrough_outcome.py."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,6 +97,23 @@ async def test_a_push_before_the_create_result_is_recorded_once_learned(setup: t
     recorded = await events(passthrough, task)
     assert [kind for kind, _ in recorded] == ["task.created", "task.status", "task.status"]
     assert [payload.get("statusMessage") for _, payload in recorded[1:]] == ["queued", "started"]
+
+
+async def test_task_created_audits_the_creator_and_the_arguments_digest(
+    setup: tuple[Passthrough, Unreachable],
+) -> None:
+    passthrough, channel = setup
+    arguments = {"target": "prod", "dry_run": False}
+    params = {"name": "job", "arguments": arguments, "task": {}}
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    created = {"jsonrpc": "2.0", "id": 1, "result": {"task": legacy_task("u9")}}
+    final = await passthrough.observe(channel, "tools/call", created)
+    task = await passthrough.adopt("alice", channel, Era.LEGACY, request, final, [], {})
+    assert task is not None
+    kind, payload = (await events(passthrough, task))[0]
+    digest = hashlib.sha256(b'{"dry_run":false,"target":"prod"}').hexdigest()[:32]
+    assert kind == "task.created" and payload["hostedBy"] == "upstream", payload
+    assert (payload["principal"], payload["tool"], payload["argumentsSha256"]) == ("alice", "job", digest)
 
 
 async def test_status_changes_are_recorded_once_and_stale_views_never(setup: tuple[Passthrough, Unreachable]) -> None:

@@ -172,6 +172,11 @@ async def test_a_reader_blocked_across_a_redis_restart_resumes_without_a_gap(tmp
         await asyncio.sleep(0.5)
         assert not reading.done()
         server.start()
+        late = Pair(server.url, prefix)  # a replica that first connects after the restart
+        try:
+            assert await all_events(late.log, "t") == [b"%d" % i for i in range(100)]  # every acknowledged one
+        finally:
+            await late.close()
         for i in range(100, 200):
             await writer.log.append("t", [b"%d" % i])
         assert await asyncio.wait_for(reading, 60) == list(range(200))
@@ -265,6 +270,13 @@ async def test_a_replayed_append_pipeline_appends_once(replica: Pair) -> None:
     assert await all_events(replica.log, "t") == [b"a", b"b"]
     assert await script(keys=keys, args=[f"{header} batch-2 0", b"c"]) == 2  # a new batch appends
     assert await all_events(replica.log, "t") == [b"a", b"b", b"c"]
+    # Two appends of the task in one batch (indexes 1 and 12), replayed: each answers its own seq.
+    assert await script(keys=keys, args=[f"{header} batch-3 1", b"d"]) == 3
+    assert await script(keys=keys, args=[f"{header} batch-3 12", b"e"]) == 4
+    assert await script(keys=keys, args=[f"{header} batch-3 2", b"f"]) == 5  # index 2 is not 12's tail
+    assert await script(keys=keys, args=[f"{header} batch-3 1", b"d"]) == 3
+    assert await script(keys=keys, args=[f"{header} batch-3 12", b"e"]) == 4
+    assert await all_events(replica.log, "t") == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
 # ------------------------------------------------------------------------------------------ in the gateway

@@ -1,12 +1,14 @@
-"""Who is calling: the edge turns a request's credentials into a `Principal`, once, and answers the
-refusals (401, 403 `insufficient_scope`) with their `WWW-Authenticate` challenges.
+"""Who is calling: the edge turns a request's credentials into a `Principal`, once, applies the
+per-tool `[[auth.rules]]` to it, and answers the refusals (401, 403) with their `WWW-Authenticate`
+challenges where re-authorizing can help.
 
 A principal is a keyed hash (HMAC-SHA256 under `[auth] principal_key_env`) of who the caller is (an api
-key's name, or a token's `principal_claims`) plus the scopes it holds. Only the hash travels below the
-edge, as the `owner` of the `TaskCall`: tasks and sessions are bound to it. Credentials are read from
-`Authorization: Bearer` only; a token in the query string is refused. The RFC 9728 protected-resource
-metadata document is served from here too. Token validation for mode = "oauth" lives in
-`gateway.edge.tokens`.
+key's name, or a token's `principal_claims`) plus the scopes it holds and the claims the rules have
+conditions on (from the token, or the api key's `claims`; nothing more of the token). Only the hash
+travels below the edge, as the `owner` of the `TaskCall`: tasks and sessions are bound to it.
+Credentials are read from `Authorization: Bearer` only; a token in the query string is refused. The
+RFC 9728 protected-resource metadata document is served from here too. Token validation for
+mode = "oauth" lives in `gateway.edge.tokens`; the per-tool rates in `gateway.edge.limits`.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.config import AuthConfig, ConfigError
+from gateway.config import AuthConfig, AuthRule, ClaimValue, ConfigError
 from gateway.edge.responder import json_response
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
@@ -39,13 +42,25 @@ class Principal:
     owner: str
     """The keyed hash tasks and sessions are bound to (`anonymous` in mode = "none")."""
     scopes: frozenset[str]
+    claims: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The caller's claims that `[[auth.rules]]` have conditions on (only those)."""
 
 
 ANONYMOUS_PRINCIPAL = Principal(ANONYMOUS, frozenset())
 
-TokenValidator = Callable[[str], Awaitable[tuple[str, frozenset[str]]]]
-"""Validates an oauth access token: (the caller's identity before hashing, its scopes); raises
-`InvalidToken` with the reason."""
+
+class ValidatedToken(NamedTuple):
+    """What an accepted oauth access token says of its caller."""
+
+    identity: str
+    """Who the caller is, before hashing (its `principal_claims` joined)."""
+    scopes: frozenset[str]
+    claims: Mapping[str, Any]
+    """The token's claims that `[[auth.rules]]` have conditions on."""
+
+
+TokenValidator = Callable[[str], Awaitable[ValidatedToken]]
+"""Validates an oauth access token; raises `InvalidToken` with the reason."""
 
 
 class InvalidToken(Exception):
@@ -53,10 +68,11 @@ class InvalidToken(Exception):
 
 
 class AuthRefused(ProtocolError):
-    """A refusal with a `WWW-Authenticate` challenge: 401 (no or bad credentials), 403 (a scope is
-    missing) or 400 (a credential in the query string). `data.reason` is the metric label."""
+    """A refusal: 401 (no or bad credentials), 403 (a scope is missing, or a claim condition fails) or
+    400 (a credential in the query string). `data.reason` is the metric label. `challenge` is the
+    `WWW-Authenticate` header; None for a failed claim condition, which no re-authorization can fix."""
 
-    def __init__(self, status: int, reason: str, message: str, challenge: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, challenge: str | None) -> None:
         super().__init__(jsonrpc.INVALID_REQUEST, message, http_status=status, data={"reason": reason})
         self.challenge = challenge
 
@@ -65,8 +81,25 @@ def _quoted(params: Iterable[tuple[str, str]]) -> str:
     return ", ".join(f'{name}="{value}"' for name, value in params)
 
 
+def unmet_claims(rule: AuthRule, claims: Mapping[str, Any]) -> list[str]:
+    """The claims of `rule` whose condition the caller's `claims` fail. A condition holds when the claim
+    equals the value or, when the claim is a list, contains it; of the same JSON type (the string "1"
+    is not the number 1, nor `true` the number 1). A missing claim fails."""
+    return [name for name, wanted in rule.claims.items() if not _holds(claims.get(name), wanted)]
+
+
+def _holds(claim: object, wanted: ClaimValue) -> bool:
+    if type(claim) is type(wanted):
+        return claim == wanted
+    if isinstance(claim, list):
+        for value in claim:
+            if type(value) is type(wanted) and value == wanted:
+                return True
+    return False
+
+
 class EdgeAuth:
-    """The configured `[auth]` mode: authenticates requests and checks per-tool scopes."""
+    """The configured `[auth]` mode: authenticates requests and applies the per-tool rules."""
 
     def __init__(self, config: AuthConfig, mcp_path: str, validate_token: TokenValidator | None = None) -> None:
         self.config = config
@@ -75,7 +108,9 @@ class EdgeAuth:
         if config.mode == "oauth" and validate_token is None:
             raise ValueError('mode = "oauth" needs a token validator')
         self._key = self._hash_key(config.principal_key_env) if config.mode != "none" else b""
-        self._api_keys = [(key.sha256, self.principal(f"api_key:{key.name}", key.scopes)) for key in config.api_keys]
+        self._api_keys = [
+            (key.sha256, self.principal(f"api_key:{key.name}", key.scopes, key.claims)) for key in config.api_keys
+        ]
 
     @staticmethod
     def _hash_key(env_name: str) -> bytes:
@@ -90,9 +125,9 @@ class EdgeAuth:
     def enabled(self) -> bool:
         return self.config.mode != "none"
 
-    def principal(self, identity: str, scopes: Iterable[str]) -> Principal:
+    def principal(self, identity: str, scopes: Iterable[str], claims: Mapping[str, Any]) -> Principal:
         digest = hmac.new(self._key, identity.encode(), hashlib.sha256).hexdigest()
-        return Principal(f"p_{digest[:32]}", frozenset(scopes))
+        return Principal(f"p_{digest[:32]}", frozenset(scopes), claims)
 
     # -- authenticating a request ----------------------------------------------------------------
 
@@ -137,35 +172,43 @@ class EdgeAuth:
                 raise InvalidToken("unknown api key")
             return found
         assert self._validate_token is not None
-        identity, scopes = await self._validate_token(token)
-        return self.principal(identity, scopes)
+        validated = await self._validate_token(token)
+        return self.principal(validated.identity, validated.scopes, validated.claims)
 
-    # -- per-tool scopes -------------------------------------------------------------------------
+    # -- per-tool rules --------------------------------------------------------------------------
 
-    def missing_scopes(self, principal: Principal, tool: object) -> list[str]:
-        """The scopes the first matching `[[auth.rules]]` entry needs that the caller lacks."""
-        if not self.enabled:
-            return []
-        rule = self.config.rule_for(tool)
-        return [] if rule is None else [scope for scope in rule.scopes if scope not in principal.scopes]
+    @staticmethod
+    def permits(rule: AuthRule, principal: Principal) -> bool:
+        """Whether the caller meets the rule: every scope, every claim condition."""
+        return principal.scopes.issuperset(rule.scopes) and not unmet_claims(rule, principal.claims)
 
-    def check_call(self, request: web.Request, principal: Principal, message: Message) -> None:
-        """A `tools/call` (plain or creating a task) of a tool whose rule needs scopes the caller lacks:
-        403 insufficient_scope naming every scope the tool needs."""
-        if message.get("method") != "tools/call":
-            return
+    def check_call(self, request: web.Request, principal: Principal, message: Message) -> AuthRule | None:
+        """The rule of a `tools/call` (plain or creating a task), for its per-tool rate limit; None when
+        no rule applies. A caller the rule refuses gets 403: for a failed claim condition without a
+        step-up challenge (more scopes cannot fix who the caller is), checked first for that reason;
+        for missing scopes `insufficient_scope` naming every scope the tool needs."""
+        if not self.enabled or message.get("method") != "tools/call":
+            return None
         tool = jsonrpc.params_of(message).get("name")
-        if not self.missing_scopes(principal, tool):
-            return
         rule = self.config.rule_for(tool)
-        assert rule is not None
-        needed = " ".join(rule.scopes)
-        error = AuthRefused(
-            403,
-            "insufficient_scope",
-            f"Forbidden: the tool {tool} needs the scopes {needed}",
-            self.challenge(request, error="insufficient_scope", scope=needed),
-        )
+        if rule is None or self.permits(rule, principal):
+            return rule
+        if unmet := unmet_claims(rule, principal.claims):
+            error = AuthRefused(
+                403,
+                "claim_mismatch",
+                f"Forbidden: the tool {tool} is not available to this caller: it does not meet the rule's "
+                f"conditions on the claims {', '.join(unmet)}",
+                None,
+            )
+        else:
+            needed = " ".join(rule.scopes)
+            error = AuthRefused(
+                403,
+                "insufficient_scope",
+                f"Forbidden: the tool {tool} needs the scopes {needed}",
+                self.challenge(request, error="insufficient_scope", scope=needed),
+            )
         error.request_id = message["id"]
         raise error
 
@@ -181,7 +224,7 @@ class EdgeAuth:
                 isinstance(tool, dict)
                 and (rule := self.config.rule_for(tool.get("name"))) is not None
                 and rule.hide
-                and self.missing_scopes(principal, tool.get("name"))
+                and not self.permits(rule, principal)
             )
         ]
         return {**result, "tools": kept}

@@ -25,13 +25,12 @@ from gateway.config import ServerConfig
 from gateway.edge import checks
 from gateway.edge.auth import AuthRefused, EdgeAuth, Principal
 from gateway.edge.limits import PrincipalLimits, RateLimited
-from gateway.edge.rejections import Rejections
+from gateway.edge.rejections import UNKNOWN_TASK_MESSAGE, Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import unknown_task
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
@@ -45,9 +44,6 @@ from gateway.upstream.base import Upstream, UpstreamChannel
 log = logging.getLogger("gateway.edge")
 
 SESSION_HEADER = "Mcp-Session-Id"
-
-UNKNOWN_TASK = unknown_task(None).message
-"""The answer to an unknown (or another principal's) task id: a failed lookup for `[auth.limits]`."""
 
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 
@@ -69,7 +65,7 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
     if era is not None and status == 400:
         status = era.status_for_response(message)
     headers = {"Allow": "POST"} if status == 405 else {}
-    if isinstance(error, AuthRefused):
+    if isinstance(error, AuthRefused) and error.challenge is not None:
         headers["WWW-Authenticate"] = error.challenge
     if isinstance(error, RateLimited):
         headers["Retry-After"] = str(error.retry_after_s)
@@ -94,7 +90,7 @@ class McpEndpoint:
     ) -> None:
         self._config = config
         self._auth = auth
-        self._limits = PrincipalLimits(auth.config.limits) if auth.enabled else None
+        self._limits = PrincipalLimits(auth.config.limits, rules=auth.config.rules) if auth.enabled else None
         self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
@@ -126,9 +122,15 @@ class McpEndpoint:
                 return await self._get_stream(request, principal)
             return await self._delete(request, principal)
         except ProtocolError as error:
-            self._metrics.requests.labels(method="-", outcome="rejected").inc()
-            self._rejections.refused(error, request.remote, principal.owner if principal else None)
-            return self._error_response(error)
+            return self._refused(request, error, principal)
+
+    def _refused(
+        self, request: web.Request, error: ProtocolError, principal: Principal | None, message: Message | None = None
+    ) -> web.Response:
+        """The answer to a request refused before the task service saw it, counted and logged."""
+        self._metrics.requests.labels(method="-", outcome="rejected").inc()
+        self._rejections.refused(error, request.remote, principal.owner if principal else None, message)
+        return self._error_response(error)
 
     def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
         if isinstance(error, Overloaded):
@@ -141,16 +143,30 @@ class McpEndpoint:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
-        kind = jsonrpc.classify(message)
-        if kind is not Kind.RESPONSE:
-            check_fields(message)
-        if kind is Kind.REQUEST:
-            self._auth.check_call(request, principal, message)
-        headers = forwardable_headers(request.headers)
-        # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
-        if era is Era.LEGACY:
-            return await self._legacy_post(request, era, message, kind, headers, principal)
-        return await self._modern_post(request, era, message, kind, headers, principal)
+        try:
+            kind = jsonrpc.classify(message)
+            if kind is not Kind.RESPONSE:
+                check_fields(message)
+            if kind is Kind.REQUEST:
+                self._check_call(request, principal, message)
+            headers = forwardable_headers(request.headers)
+            # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
+            if era is Era.LEGACY:
+                return await self._legacy_post(request, era, message, kind, headers, principal)
+            return await self._modern_post(request, era, message, kind, headers, principal)
+        except ProtocolError as error:
+            return self._refused(request, error, principal, message)
+
+    def _check_call(self, request: web.Request, principal: Principal, message: Message) -> None:
+        """A `tools/call` the tool's `[[auth.rules]]` entry refuses (403), or over its per-tool rate (429)."""
+        rule = self._auth.check_call(request, principal, message)
+        if rule is None or self._limits is None:
+            return
+        try:
+            self._limits.admit_call(principal.owner, str(jsonrpc.params_of(message).get("name")), rule)
+        except RateLimited as error:
+            error.request_id = message["id"]
+            raise
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._config.max_body_bytes
@@ -295,15 +311,18 @@ class McpEndpoint:
                     held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
                 return await self._carry_out(request, call, await self._service.plan(call), principal)
         except ProtocolError as error:
-            if limits is not None and names_task and error.message == UNKNOWN_TASK:
+            # An unknown (or another principal's) task id: a failed lookup for `[auth.limits]`.
+            no_such_task = names_task and error.message == UNKNOWN_TASK_MESSAGE
+            if limits is not None and no_such_task:
                 limits.lookup_failed(call.owner)
-            if isinstance(error, RateLimited):
-                self._rejections.refused(error, request.remote, call.owner)
             if error.request_id is None:
                 error.request_id = call.message["id"]
             outcome = "events_gone" if error.code == -32010 else "error"
             self._metrics.requests.labels(method=call.method, outcome=outcome).inc()
-            return self._error_response(error, call.era)
+            response = self._error_response(error, call.era)
+            if isinstance(error, RateLimited) or no_such_task:
+                self._rejections.refused(error, request.remote, call.owner, call.message, response.status)
+            return response
         finally:
             if not call.resources_kept:
                 await call.resources.aclose()

@@ -1,9 +1,11 @@
-"""Per-principal limits (`[auth.limits]`): a request rate, a budget of failed task lookups, concurrent streams.
+"""Per-principal limits (`[auth.limits]`): a request rate, a budget of failed task lookups, concurrent
+streams; and each principal's rate of calls per tool (`requests_per_s`/`burst` of `[[auth.rules]]`).
 
 Each is kept per principal (the keyed hash), so one caller cannot use up another's share, and
 re-initializing a session resets nothing. Over a limit the edge answers HTTP 429 with `Retry-After`
 before anything reaches the task service or the upstream. A lookup of an unknown task id and of
-another principal's task cost the same budget: they are the same answer.
+another principal's task cost the same budget: they are the same answer. Rate buckets are kept in
+bounded tables: a bucket idle long enough to be full again is forgotten.
 
 Only enforced with authentication on: with mode = "none" every caller is one principal, whose
 limits would be the whole gateway's (the global ceilings of `[server]`/`[tasks]` are those).
@@ -14,16 +16,23 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
-from gateway.config import AuthLimits
+from gateway.config import AuthLimits, AuthRule
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import ProtocolError
 
 LOOKUP_WINDOW_S = 60.0
 PRUNE_AT = 10_000
-"""Principals tracked before the idle ones are forgotten (a forgotten bucket is a full one)."""
+"""Principals whose failed lookups are tracked before those outside the window are forgotten."""
+MAX_BUCKETS = 50_000
+"""Rate buckets kept per kind (principals; principal and tool pairs), about 200 bytes each. Reaching
+it forgets the buckets that are full again and, if more than half are left, the least recently used
+down to half (which forgives what they had used)."""
+TOOL_NAME_CHARS = 128
+"""A tool's bucket is keyed by the first this many characters of its name (MCP names are at most 128):
+a client cannot make the gateway keep long names, and names alike that far share one budget."""
 
 
 class RateLimited(ProtocolError):
@@ -39,10 +48,40 @@ class RateLimited(ProtocolError):
         self.retry_after_s = retry_after_s
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
+class TokenBuckets:
+    """Token buckets by key, each refilled at its `rate` per second up to its `burst`; at most
+    `max_keys` of them. A bucket unused for `refill_s` is full again, as a missing one is, so it can be
+    forgotten. A plain dict pruned now and then: a cache with per-entry expiry cost 4 µs a request more."""
+
+    def __init__(self, refill_s: float, clock: Callable[[], float], max_keys: int = MAX_BUCKETS) -> None:
+        self._refill_s = refill_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._buckets: dict[Hashable, tuple[float, float]] = {}
+        """key -> (tokens, when they were counted)"""
+
+    def take(self, key: Hashable, rate: float, burst: int) -> float:
+        """One token from `key`'s bucket: 0.0 when it had one, else the seconds until it has."""
+        now = self._clock()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self._max_keys:
+                self._prune(now)
+            bucket = (float(burst), now)
+        tokens = min(float(burst), bucket[0] + (now - bucket[1]) * rate)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            return (1 - tokens) / rate
+        self._buckets[key] = (tokens - 1, now)
+        return 0.0
+
+    def _prune(self, now: float) -> None:
+        # Down to half at most, so that pruning (a pass over the table) comes once per max_keys / 2 new keys.
+        kept = {key: bucket for key, bucket in self._buckets.items() if now - bucket[1] < self._refill_s}
+        if len(kept) > self._max_keys // 2:
+            by_use = sorted(kept.items(), key=lambda item: item[1][1])
+            kept = dict(by_use[len(by_use) - self._max_keys // 2 :])
+        self._buckets = kept
 
 
 @dataclass
@@ -52,28 +91,38 @@ class _Lookups:
 
 
 class PrincipalLimits:
-    def __init__(self, config: AuthLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, config: AuthLimits, clock: Callable[[], float] = time.monotonic, rules: Sequence[AuthRule] = ()
+    ) -> None:
         self._config = config
         self._clock = clock
-        self._buckets: dict[str, _Bucket] = {}
+        self._requests = TokenBuckets(config.burst / config.requests_per_s, clock)
+        refill_s = [rule.burst / rule.requests_per_s for rule in rules if rule.burst and rule.requests_per_s]
+        self._tool_calls = TokenBuckets(max(refill_s), clock) if refill_s else None
         self._lookups: dict[str, _Lookups] = {}
         self._streams: dict[str, int] = {}
 
     def admit(self, owner: str) -> None:
         """One request of `owner`: a token from its bucket, or RateLimited."""
-        now = self._clock()
-        rate, burst = self._config.requests_per_s, self._config.burst
-        bucket = self._buckets.get(owner)
-        if bucket is None:
-            if len(self._buckets) >= PRUNE_AT:
-                self._buckets = {key: b for key, b in self._buckets.items() if now - b.at < burst / rate}
-            bucket = self._buckets[owner] = _Bucket(float(burst), now)
-        bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.at) * rate)
-        bucket.at = now
-        if bucket.tokens < 1:
-            wait = math.ceil((1 - bucket.tokens) / rate)
-            raise RateLimited("rate_limited", "auth.limits.requests_per_s", "this caller's request rate", wait)
-        bucket.tokens -= 1
+        wait = self._requests.take(owner, self._config.requests_per_s, self._config.burst)
+        if wait:
+            raise RateLimited(
+                "rate_limited", "auth.limits.requests_per_s", "this caller's request rate", math.ceil(wait)
+            )
+
+    def admit_call(self, owner: str, tool: str, rule: AuthRule) -> None:
+        """One `tools/call` of `tool` by `owner`, under `rule` (the tool's `[[auth.rules]]` entry): a token
+        from the bucket of that principal and tool when the rule has a rate, or RateLimited."""
+        if self._tool_calls is None or rule.requests_per_s is None or rule.burst is None:
+            return
+        wait = self._tool_calls.take((owner, tool[:TOOL_NAME_CHARS]), rule.requests_per_s, rule.burst)
+        if wait:
+            raise RateLimited(
+                "tool_rate_limited",
+                "auth.rules.requests_per_s",
+                f"this caller's calls of the tool {tool[:TOOL_NAME_CHARS]}",
+                math.ceil(wait),
+            )
 
     def check_lookups(self, owner: str) -> None:
         """Before a request that names a task: RateLimited once `owner` used its failed-lookup budget."""

@@ -5,7 +5,8 @@ requests a second. Each refusal is counted in `mcp_gateway_rejected_requests_tot
 without a traceback, at most once per reason per `[logging] rejected_log_interval_s`, saying how many
 were left out since the last line. Only the gateway's own faults log tracebacks.
 
-Two sources: the edge's own refusals (`Rejections.refused`, with the documented HTTP status), and
+Two sources: the edge's own refusals (`Rejections.refused`, with the documented HTTP status; once the
+caller is authenticated and the body parsed, the line names its principal hash, method and tool), and
 malformed HTTP that aiohttp's parser rejects before any handler runs, which aiohttp logs at error level
 with a traceback; `FramingErrors` is a filter on aiohttp's server logger that turns those records into
 counted, rate-limited warnings.
@@ -22,13 +23,18 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.jsonrpc import ProtocolError
+from gateway.protocol.dialect import unknown_task
+from gateway.protocol.jsonrpc import Message, ProtocolError
 
 log = logging.getLogger("gateway.edge.rejected")
 
 FRAMING = "framing"
 MAX_LOGGED_CHARS = 300
 """Refusal messages may quote client headers (up to aiohttp's 8 KiB each); the log keeps their start."""
+MAX_LOGGED_NAME_CHARS = 128
+"""The method and tool names a refusal's log line keeps (they come from the client)."""
+UNKNOWN_TASK_MESSAGE = unknown_task(None).message
+"""The answer to an unknown (or another principal's) task id, in both eras."""
 
 AUTH_REASONS = frozenset(
     {
@@ -36,7 +42,9 @@ AUTH_REASONS = frozenset(
         "invalid_token",
         "invalid_request",
         "insufficient_scope",
+        "claim_mismatch",
         "rate_limited",
+        "tool_rate_limited",
         "lookup_budget",
         "max_streams",
     }
@@ -69,6 +77,8 @@ def reason_of(error: ProtocolError) -> str:
     """The metric label for a refusal: a small fixed set, from its HTTP status and JSON-RPC code."""
     if isinstance(error.data, dict) and error.data.get("reason") in AUTH_REASONS:
         return str(error.data["reason"])
+    if error.message == UNKNOWN_TASK_MESSAGE:
+        return "unknown_task"  # an unknown or another principal's task id: one answer, one label
     return _REASON_BY_STATUS.get(error.http_status) or _REASON_BY_CODE.get(error.code, "invalid")
 
 
@@ -102,13 +112,31 @@ class Rejections:
         self._metrics = metrics
         self._log = RateLimitedLog(log, log_interval_s)
 
-    def refused(self, error: ProtocolError, remote: str | None, principal: str | None = None) -> None:
+    def refused(
+        self,
+        error: ProtocolError,
+        remote: str | None,
+        principal: str | None = None,
+        message: Message | None = None,
+        status: int | None = None,
+    ) -> None:
         """The edge answered a request with `error` (a client mistake, not a gateway fault); `principal`
-        is the caller's keyed hash once it was authenticated."""
+        is the caller's keyed hash once it was authenticated, `message` the request once parsed, `status`
+        the HTTP status answered when the era's mapping changed it (a legacy JSON-RPC error is a 200)."""
         reason = reason_of(error)
         self._metrics.rejected_requests.labels(reason=reason).inc()
-        text = f"refused a request: HTTP {error.http_status} {error.message}"
-        self._log.log(logging.INFO, reason, text[:MAX_LOGGED_CHARS], remote=remote, principal=principal)
+        text = f"refused a request: HTTP {status or error.http_status} {error.message}"
+        method = message.get("method") if message is not None else None
+        tool = jsonrpc.params_of(message).get("name") if message is not None and method == "tools/call" else None
+        self._log.log(
+            logging.INFO,
+            reason,
+            text[:MAX_LOGGED_CHARS],
+            remote=remote,
+            principal=principal,
+            method=method[:MAX_LOGGED_NAME_CHARS] if isinstance(method, str) else None,
+            tool=tool[:MAX_LOGGED_NAME_CHARS] if isinstance(tool, str) else None,
+        )
 
     def malformed_http(self, error: HttpProcessingError, remote: object) -> None:
         """aiohttp's parser refused what a client sent (answered 400 and closed by aiohttp)."""

@@ -6,7 +6,8 @@ gateway anywhere), from `[auth.jwt] jwks_uri` or the URI the issuer's metadata n
 (so forged `kid`s cannot make the gateway hammer the authorization server), and while the endpoint is
 down the last good key set keeps serving. PyJWT does the signature and claim checks with only the
 algorithm allow-list (no `none`, no HMAC: a public key must never be used as an HMAC secret). A
-validated token is remembered by its sha256 until min(its `exp`, `[auth] token_cache_s`).
+validated token is remembered by its sha256 until min(its `exp`, `[auth] token_cache_s`), with only
+the claims `[[auth.rules]]` have conditions on.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import aiohttp
 import jwt
 
 from gateway.config import AuthConfig
-from gateway.edge.auth import InvalidToken
+from gateway.edge.auth import InvalidToken, ValidatedToken
 from gateway.edge.introspection import Introspector
 
 log = logging.getLogger("gateway.edge.auth")
@@ -146,7 +147,7 @@ def scopes_of(claims: Mapping[str, Any]) -> frozenset[str]:
 
 
 class OAuthTokens:
-    """Validates OAuth access tokens for `[auth]`: (the caller's identity, its scopes), or InvalidToken.
+    """Validates OAuth access tokens for `[auth]`: what the token says of its caller, or InvalidToken.
 
     A token shaped like a JWT is verified locally when `[auth.jwt] issuer` is set; any other goes to
     introspection when `[auth.introspection] endpoint` is set."""
@@ -158,7 +159,8 @@ class OAuthTokens:
         self._wall_clock = wall_clock
         self.keys = KeySet(config, clock)
         self._introspector = Introspector(config) if config.introspection.endpoint else None
-        self._cache: dict[bytes, tuple[float, str, frozenset[str]]] = {}
+        self._rule_claims = config.rule_claims
+        self._cache: dict[bytes, tuple[float, ValidatedToken]] = {}
         self._check: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -174,18 +176,21 @@ class OAuthTokens:
         if self._introspector is not None:
             await self._introspector.close()
 
-    async def validate(self, token: str) -> tuple[str, frozenset[str]]:
+    async def validate(self, token: str) -> ValidatedToken:
         digest = hashlib.sha256(token.encode()).digest()
         cached = self._cache.get(digest)
         now = self._clock()
         if cached is not None and now < cached[0]:
-            return cached[1], cached[2]
+            return cached[1]
         claims = await self._claims(token)
         missing = [name for name in self._config.principal_claims if not isinstance(claims.get(name), str)]
         if missing:
             raise InvalidToken(f"no {', '.join(missing)} claim to name the caller")
-        identity = "\x1f".join(claims[name] for name in self._config.principal_claims)
-        scopes = scopes_of(claims)
+        validated = ValidatedToken(
+            identity="\x1f".join(claims[name] for name in self._config.principal_claims),
+            scopes=scopes_of(claims),
+            claims={name: claims[name] for name in self._rule_claims if name in claims},
+        )
         expires = claims.get("exp")
         lifetime = self._config.token_cache_s
         if isinstance(expires, int | float):
@@ -193,8 +198,8 @@ class OAuthTokens:
         if lifetime > 0:
             if len(self._cache) >= MAX_CACHED_TOKENS:
                 self._cache.clear()
-            self._cache[digest] = (now + lifetime, identity, scopes)
-        return identity, scopes
+            self._cache[digest] = (now + lifetime, validated)
+        return validated
 
     async def _claims(self, token: str) -> dict[str, Any]:
         if self._config.jwt.issuer and token.count(".") == 2:

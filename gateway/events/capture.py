@@ -4,14 +4,17 @@ The ordered `[[rules]]` decide how a notification becomes an event: the first ru
 (a glob) and `match` fields fit wins; it drops the notification or names the event type (always
 under the configured vendor prefix) and its payload (params without `_meta`, selected fields, or the
 whole message). Payloads over `max_payload_bytes` become a `<prefix>.payload.omitted` event, so seq
-stays gap-free. Pure functions over dicts; appending to the log is the caller's business.
+stays gap-free. An event's audit fields (`task.created`: who created the task, a digest of its
+arguments) are fixed-size values the gateway computes: they are added on top of the bound and kept in a
+`payload.omitted` event too, so a small bound never loses them. Pure functions over dicts; appending to
+the log is the caller's business.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -29,6 +32,8 @@ RECORDED_AT_KEY = "io.github.mcp-task-gateway/recordedAt"
 class TaskEvent:
     type: str
     payload: dict[str, Any]
+    audit: Mapping[str, str] = field(default_factory=dict)
+    """Fixed-size fields merged into the payload outside `max_payload_bytes` (see the module docstring)."""
 
 
 class Capture:
@@ -57,11 +62,14 @@ class Capture:
         return TaskEvent(self.event_type(name), payload)
 
     def encode(self, event: TaskEvent) -> bytes:
-        """The stored body of an event: its `type` and `payload` members, size-limited."""
+        """The stored body of an event: its `type` and `payload` members, size-limited (the payload
+        without its audit fields)."""
         payload = orjson.dumps(event.payload)
         if len(payload) > self._max_payload_bytes:
             omitted = {"originalType": event.type, "size": len(payload), "limit": self._max_payload_bytes}
-            return encode_body(self.event_type("payload.omitted"), orjson.dumps(omitted))
+            return encode_body(self.event_type("payload.omitted"), orjson.dumps({**omitted, **event.audit}))
+        if event.audit:
+            payload = orjson.dumps({**event.payload, **event.audit})
         return encode_body(event.type, payload)
 
 

@@ -2,18 +2,36 @@
 
 An input event names the request's method and shape (an elicitation's fields, a sampling request's
 message count), an answer event its action or outcome, a terminal event its outcome's content types
-and sizes. Large payloads and the values a user typed stay out of the log. Pure functions; no I/O.
+and sizes, `task.created` who created the task and a digest of its arguments. Large payloads and the
+values a user typed stay out of the log. Pure functions; no I/O.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import orjson
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 
 SUMMARY_TEXT_CHARS = 200
 """Request texts (an elicitation's message) are cut to this many characters in input events."""
+DIGEST_HEX_DIGITS = 32
+"""The arguments' sha256 in `task.created` is cut to its first 128 bits: plenty to match a known call."""
+
+
+def canonical_json(value: object) -> bytes:
+    """JSON with object keys sorted at every level, no whitespace, UTF-8: one byte string per value."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def call_audit(owner: str, arguments: object) -> dict[str, str]:
+    """The audit fields of `task.created`: the creator's principal hash, and the start of the sha256 of
+    the canonical JSON of the call's arguments (absent arguments are `{}`), never the arguments."""
+    digest = hashlib.sha256(canonical_json({} if arguments is None else arguments)).hexdigest()
+    return {"principal": owner, "argumentsSha256": digest[:DIGEST_HEX_DIGITS]}
 
 
 def method_of(request: object) -> str | None:

@@ -67,28 +67,32 @@ local function seq_of(id)
   return tonumber(string.sub(id, 3)) - 1
 end
 
--- Retention where the log is touched: drop the head entries older than `cutoff` (their `t` fields
--- are non-decreasing, so the walk stops at the first young one), then the earliest retained seq,
--- computed from the data: the first entry, but never more than `max_events` behind next_seq
--- (`MAXLEN ~` keeps a few more than asked; they are invisible).
-local function retained_from(stream, next_seq, max_events, cutoff)
-  if cutoff ~= '' then
-    local limit = tonumber(cutoff)
-    while true do
-      local head = redis.call('XRANGE', stream, '-', '+', 'COUNT', 64)
-      if #head == 0 then break end
-      local keep = nil
-      for _, entry in ipairs(head) do
-        if tonumber(entry[2][2]) >= limit then keep = entry[1]; break end
-      end
-      if keep then
-        redis.call('XTRIM', stream, 'MINID', keep)
-        break
-      end
-      redis.call('XTRIM', stream, 'MINID', '0-' .. (seq_of(head[#head][1]) + 2))
-      if #head < 64 then break end
+-- Age retention: drop the head entries older than `cutoff` (their `t` fields are non-decreasing, so
+-- the walk stops at the first young one).
+local function trim_aged(stream, cutoff)
+  if cutoff == '' then return end
+  local limit = tonumber(cutoff)
+  while true do
+    local head = redis.call('XRANGE', stream, '-', '+', 'COUNT', 64)
+    if #head == 0 then break end
+    local keep = nil
+    for _, entry in ipairs(head) do
+      if tonumber(entry[2][2]) >= limit then keep = entry[1]; break end
     end
+    if keep then
+      redis.call('XTRIM', stream, 'MINID', keep)
+      break
+    end
+    redis.call('XTRIM', stream, 'MINID', '0-' .. (seq_of(head[#head][1]) + 2))
+    if #head < 64 then break end
   end
+end
+
+-- Retention where the log is read: the age trim, then the earliest retained seq, computed from the
+-- data: the first entry, but never more than `max_events` behind next_seq (`MAXLEN ~` keeps a few more
+-- than asked; they are invisible).
+local function retained_from(stream, next_seq, max_events, cutoff)
+  trim_aged(stream, cutoff)
   local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)
   if #first == 0 then return nil end
   local earliest = math.max(seq_of(first[1][1]), next_seq - max_events)
@@ -274,7 +278,7 @@ return answers
 APPEND = (
     _COMMON
     + """
--- KEYS: task hash, stream, acks hash. ARGV: the header, then the bodies. The header is one string (one
+-- KEYS: task hash, stream, acks. ARGV: the header, then the bodies. The header is one string (one
 -- argument packs faster than seven): "now max_events cutoff seal+epilogue epoch batch token", with
 -- cutoff and epoch '-' for none (no age limit; an unfenced writer), seal+epilogue two digits 0/1.
 -- The seq of the first body.
@@ -288,14 +292,14 @@ if epoch == '-' then epoch = '' end
 local seal, epilogue = string.sub(flags, 1, 1) == '1', string.sub(flags, 2, 2) == '1'
 local channel = string.sub(hash, 1, -3) .. ':w'
 -- A pipeline retried after a lost connection replays its appends: the ones that already ran answer
--- what they answered then instead of appending twice (the acks hash holds the last batch's answers).
-if redis.call('HGET', acks, 'batch') == batch then
-  local done = redis.call('HGET', acks, token)
+-- what they answered then instead of appending twice. The acks string holds the last batch's answers,
+-- "batch token=first token=first ...", one GET and one SET per append.
+local acked = redis.call('GET', acks)
+if acked and string.match(acked, '^%S+') == batch then
+  local done = string.match(acked, ' ' .. token .. '=(%d+)')
   if done then return tonumber(done) end
 else
-  redis.call('DEL', acks)
-  redis.call('HSET', acks, 'batch', batch)
-  redis.call('PEXPIRE', acks, 60000)
+  acked = batch
 end
 local state = redis.call('HMGET', hash, 'log', 'next_seq', 'sealed', 'deleted', 'last_t', 'owner', 'epoch')
 if epoch ~= '' then
@@ -307,7 +311,7 @@ if epoch ~= '' then
 end
 if state[4] == '1' then return redis.error_reply('LOG_DELETED the log is deleted') end
 if state[3] == '1' and not epilogue then return redis.error_reply('LOG_SEALED the log is sealed') end
-ensure_log(hash)
+if state[1] ~= '1' then ensure_log(hash) end
 local first = tonumber(state[2] or '0')
 local count = #ARGV - 1
 if count > 0 then
@@ -321,11 +325,11 @@ if count > 0 then
   redis.call('HSET', hash, 'next_seq', first + count, 'last_t', at)
   local left = redis.call('PTTL', hash)
   if left > 0 and redis.call('PTTL', stream) == -1 then redis.call('PEXPIRE', stream, left) end
-  retained_from(stream, first + count, max_events, cutoff)
+  trim_aged(stream, cutoff)
 end
 if seal then redis.call('HSET', hash, 'sealed', '1') end
 if count > 0 or seal then redis.call('PUBLISH', channel, first + count) end
-redis.call('HSET', acks, token, first)
+redis.call('SET', acks, acked .. ' ' .. token .. '=' .. first, 'PX', 60000)
 return first
 """
 )

@@ -125,7 +125,11 @@ class HostedTasks:
         requested = params.get("task", {}).get("ttl") if isinstance(params.get("task"), dict) else None
         try:
             return await self.registry.create(
-                caller.owner, str(params.get("name")), requested, dialect=caller.era.value
+                caller.owner,
+                str(params.get("name")),
+                requested,
+                dialect=caller.era.value,
+                arguments=params.get("arguments"),
             )
         except TaskLimitReached as exc:
             raise task_limit_error(exc, message["id"]) from None

@@ -372,6 +372,7 @@ class Passthrough:
                 # The record tells the upstream's times, as it would.
                 created_at=created_at if isinstance(created_at, str) else None,
                 upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
+                arguments=params.get("arguments"),
                 hostedBy="upstream",
             )
         except (TaskLimitReached, TaskExists) as exc:

@@ -31,7 +31,7 @@ import orjson
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogSealed
-from gateway.events.summaries import summarize_outcome
+from gateway.events.summaries import call_audit, summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
@@ -203,10 +203,12 @@ class TaskRegistry:
         poll_interval_ms: int | None = None,
         created_at: str | None = None,
         upstream: UpstreamTaskRef | None = None,
+        arguments: object = None,
         **created: Any,
     ) -> Task:
         """A new task in `dialect` (an era's protocol version; id minted here unless the upstream's
-        namespaced `task_id` is given, times now unless the upstream's `created_at`), and its log."""
+        namespaced `task_id` is given, times now unless the upstream's `created_at`), and its log,
+        whose `task.created` event records `owner` and a digest of the tool call's `arguments`."""
         self.check_room(owner)
         ttl = self._config.default_ttl_ms
         if isinstance(requested_ttl_ms, int) and not isinstance(requested_ttl_ms, bool) and requested_ttl_ms > 0:
@@ -229,7 +231,8 @@ class TaskRegistry:
         self._tasks[task.id] = task
         self._per_owner[owner] += 1
         await self.log.create(task.id)
-        lifecycle = self.capture.lifecycle("task.created", tool=tool, status=task.status.value, era=dialect, **created)
+        payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
+        lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
         await self.record(task, lifecycle)
         return task
 
