@@ -39,6 +39,8 @@ from gateway.stores.sqlite import SqliteDatabase
 from gateway.stores.sqlite_log import SqliteEventLog
 from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.lease_store import LeaseStore
+from gateway.tasks.leases import OwnerLeases
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import TaskRegistry, outcome_cap
 from gateway.tasks.service import TaskService
@@ -77,10 +79,11 @@ class Stores:
     log: EventLog
     check: Callable[[], Awaitable[list[str]]] | None = None
     """Reaches the store's server and returns warnings about its settings (None: nothing to reach)."""
-    exclusive: bool = True
-    """Only this process uses the stores (memory; SQLite holds a lock on its file): every task they hold
-    unfinished at start-up was left by a process that is gone, and is taken over. Shared stores
-    (Redis) need owner leases to tell a dead owner from a live replica."""
+    leases: LeaseStore | None = None
+    """Shared stores (Redis): owner leases tell a dead owner from a live replica, and carry requests to
+    the replica that runs a task. None: only this process uses the stores (memory; SQLite holds a lock
+    on its file), so every task they hold unfinished at start-up was left by a process that is gone,
+    and is taken over then."""
 
     async def open(self) -> None:
         """Check the store at start-up: fails if its server is unreachable, logs a warning per bad setting."""
@@ -117,13 +120,14 @@ def build_stores(config: Config) -> Stores:
         # Imported only when chosen: the redis client costs about 6 MiB of memory a gateway on another
         # store does not need.
         from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore
+        from gateway.stores.redis_leases import RedisLeases
 
-        backend = RedisBackend(config.store.url, config.store.key_prefix)
+        backend = RedisBackend(config.store.url, config.store.key_prefix, lease_ttl_s=config.store.lease_ttl_s)
         redis_log = RedisEventLog(
             backend, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
         tasks = RedisTaskStore(backend, cap, terminal_retention_s=retention.terminal_retention_s)
-        return Stores(tasks, redis_log, backend.check, exclusive=False)
+        return Stores(tasks, redis_log, backend.check, leases=RedisLeases(backend))
     assert_never(kind)
 
 
@@ -180,6 +184,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    hosted.leases = stores.leases
+    leases = OwnerLeases(stores.leases, registry, hosted, passthrough) if stores.leases is not None else None
     service = TaskService(
         hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
     )
@@ -247,18 +253,24 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         server_logger.addFilter(framing_errors)
         await stores.open()
         await upstream.start()
-        if stores.exclusive:
+        if leases is None:
             await take_over(registry, passthrough)
         sessions.start()
         registry.start()
+        if leases is not None:
+            leases.start()
         readiness.start()
         serving.set()
         yield
         serving.clear()
+        if leases is not None:
+            await leases.stop()
         await readiness.stop()
         await registry.stop()
         await hosted.stop()
         await passthrough.stop()
+        if leases is not None:  # its runs stopped: the other replicas take its tasks over at once
+            await leases.hand_over()
         await sessions.stop()
         await upstream.close()
         await stores.close()

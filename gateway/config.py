@@ -233,6 +233,10 @@ class StoreConfig(_Section):
     """kind = "redis": the server (`redis://` or `rediss://`, with user, password and database)."""
     key_prefix: str = Field(default="mcp-task-gateway:", min_length=1)
     """kind = "redis": every key starts with it, so gateways with different prefixes share one server."""
+    lease_ttl_s: float = Field(default=15.0, ge=0.5, le=3600.0)
+    """kind = "redis": how long a replica's lease of a task it runs lasts without renewal (renewed every
+    third of it). A replica that finds a lease expired takes the task over: the owner's death costs its
+    tasks up to this long (plus a third, the scan period) before they are failed or watched again."""
 
     @field_validator("url")
     @classmethod

@@ -62,6 +62,11 @@ class RedisServer:
                 raise TimeoutError(f"redis-server did not answer on port {self.port}: {self.log_text()}")
             time.sleep(0.05)
 
+    def gateway_config(self, prefix: str, lease_ttl_s: float) -> str:
+        """The `[store]` section of a gateway (replica) on this server under `prefix`."""
+        lines = ['kind = "redis"', f'url = "{self.url}"', f'key_prefix = "{prefix}"', f"lease_ttl_s = {lease_ttl_s}"]
+        return "[store]\n" + "\n".join(lines) + "\n"
+
     def log_text(self) -> str:
         path = self.directory / f"redis-{self.port}.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -66,6 +66,10 @@ def test_command_may_be_a_string(tmp_path: Path) -> None:
             "[server]\nlisten = '127.0.0.1:9464'\nmetrics_listen = '127.0.0.1:9464'\n",
             "server: Value error, metrics_listen '127.0.0.1:9464' must differ from listen '127.0.0.1:9464'",
         ),
+        (
+            "[store]\nkind = 'redis'\nlease_ttl_s = 0.1\n",
+            "store.lease_ttl_s: Input should be greater than or equal to 0.5",
+        ),
         ("[server\n", "not valid TOML"),
     ],
 )

@@ -18,7 +18,7 @@ from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import TaskRegistry, outcome_cap
-from gateway.tasks.takeover import take_over
+from gateway.tasks.takeover import LEASE_EXPIRED, take_over, take_over_task
 from gateway.upstream.base import Exchange
 from tests.fake_upstream import OneConversation
 
@@ -74,3 +74,21 @@ async def test_a_new_process_fails_every_unfinished_task_it_cannot_resume_and_le
     assert started.get("alice", ended.id) is None  # nothing to take over: the stores answer for it
     assert await types(log, ended.id) == ["task.created", "task.status", "task.terminal"]
     assert await store.unfinished() == []
+
+
+async def test_a_task_whose_cancel_was_requested_is_cancelled_by_the_taker_not_failed() -> None:
+    store, log = MemoryTaskStore(outcome_cap(CONFIG.retention)), MemoryEventLog(100)
+    dead = process(store, log)
+    hosted = await dead.create("alice", "build", None, dialect=Era.LEGACY.value)
+
+    taker = process(store, log)
+    record = await store.find(hosted.id)
+    assert record is not None
+    passthrough = Passthrough(taker, ChildUpstream(), CONFIG.tasks, Metrics())
+    await take_over_task(taker, passthrough, taker.adopt(record), LEASE_EXPIRED, cancel_requested=True)
+
+    taken = await store.find(hosted.id)
+    assert taken is not None and taken.status is TaskStatus.CANCELLED
+    assert await types(log, hosted.id) == ["task.created", "task.owner_lost", "task.status", "task.terminal"]
+    assert LEASE_EXPIRED in (await events(log, hosted.id))[1]["payload"]["cause"]
+    assert (await events(log, hosted.id))[2]["payload"]["status"] == "cancelled"

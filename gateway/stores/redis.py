@@ -18,8 +18,11 @@ sorted set orders records by expiry.
 - Terminal retention: the update to a terminal status gives the hash and the stream one expiry; a
   deleted log's hash is its tombstone (`next_seq` kept) for `tombstone_ttl_s`.
 
-The epoch API (`RedisTaskStore.epoch`, `bump_epoch`; `RedisEventLog.append(epoch=…)`) is what owner
-leases build on: a takeover bumps the epoch, and the former owner's appends are refused from then on.
+Owner leases (`redis_leases.py`): the replica that creates a task holds it at epoch 0 and leases it; a
+replica that claims an expired lease moves it to epoch + 1. Appends and status updates carry the epoch
+this replica holds of the task (`RedisBackend.held`), so a former owner's late writes are refused
+(`WriterFenced`; a refused status update reads as "another writer changed it first") and the backend
+tells the replica (`on_fenced`) to stop working on the task.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+from redis.exceptions import ResponseError
 
 from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, StoredEvent, check_retention
 from gateway.stores import redis_scripts as lua
@@ -40,6 +44,7 @@ from gateway.stores.redis_backend import (
     StoreUnreachable,
     TaskGone,
     WriterFenced,
+    mapped,
     raise_if_cancelled,
 )
 from gateway.stores.redis_wakeups import SAFETY_POLL_S, UNAVAILABLE, WakeUps
@@ -108,11 +113,17 @@ class RedisTaskStore(TaskStore):
         args: list[Any] = [rec, record.owner, record.status.value, _optional(record.status_message)]
         args += [record.last_updated_at]
         args += [_optional(summary), record.next_seq, repr(record.expires_at)]
-        if not await self._backend.scripts.create_record(keys=[hash_key], args=args):
+        args += [self._backend.replica, self._backend.lease_ttl_ms]
+        lease = await self._backend.scripts.create_record(keys=[hash_key], args=args)
+        if not lease:
             raise TaskExists(f"a task with id {record.id!r} exists")
+        self._backend.hold(record.id, 0)  # this replica runs (or watches) the task it creates
         index, counter = self._backend.keys.owned(record.owner)
         await self._backend.scripts.index_owned(keys=[index, counter], args=[record.id])
-        await self._client.zadd(self._backend.keys.expiry, {record.id: record.expires_at})
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zadd(self._backend.keys.expiry, {record.id: record.expires_at})
+        pipe.zadd(self._backend.keys.leases, {record.id: int(lease)})
+        await pipe.execute()
 
     async def _read(self, task_id: str) -> tuple[str, TaskRecord] | None:
         """The task's owner and record, unless it has none (or its terminal retention is over)."""
@@ -188,7 +199,15 @@ class RedisTaskStore(TaskStore):
         args: list[Any] = [expected.value, status.value, _optional(message), updated_at, _optional(summary)]
         args += [_optional(outcome)]
         args += [retention, until, int(SWEEP_GRACE_S * 1000)]
-        values = await self._backend.scripts.update_status(keys=keys, args=args)
+        epoch = self._backend.epoch_of(task_id)
+        args += ["-" if epoch is None else str(epoch)]
+        try:
+            values = await self._backend.scripts.update_status(keys=keys, args=args)
+        except ResponseError as error:
+            if not isinstance(mapped(error), WriterFenced):
+                raise
+            self._backend.fenced(task_id)
+            return None  # another replica took the task over: its status is that replica's to change
         if not values:
             return None
         if status.terminal and self._retention is not None:
@@ -225,6 +244,8 @@ class RedisTaskStore(TaskStore):
             hash_key, _ = self._backend.keys.task(task_id)
             dropped = await self._backend.scripts.drop_record(keys=[hash_key], args=[repr(now)])
             await self._client.zrem(self._backend.keys.expiry, task_id)
+            await self._client.zrem(self._backend.keys.leases, task_id)
+            self._backend.held.pop(task_id, None)
             if dropped:
                 owner = dropped[0].decode()
                 index, _ = self._backend.keys.owned(owner)
@@ -300,14 +321,21 @@ class RedisEventLog(EventLog):
         epilogue: bool = False,
         epoch: int | None = None,
     ) -> int:
-        """As `EventLog.append`; with `epoch` (a fenced writer), also `TaskGone` if the task's record does
-        not exist and `WriterFenced` if its epoch is not `epoch`: nothing is appended either way."""
+        """As `EventLog.append`; with `epoch` (a fenced writer; by default the epoch this replica holds of
+        the task, if it created or claimed it), also `TaskGone` if the task's record does not exist and
+        `WriterFenced` if its epoch is not `epoch`: nothing is appended either way."""
         if self._closed:
             raise RuntimeError("the event log is closed")
         keys = [*self._backend.keys.task(task_id), self._backend.keys.acks(task_id)]
+        if epoch is None:
+            epoch = self._backend.epoch_of(task_id)
         fenced = "-" if epoch is None else str(epoch)
         header = f"{self._clock()!r} {self._max_events} {self._cutoff() or '-'} {int(seal)}{int(epilogue)} {fenced}"
-        return int(await self._backend.appends.run(keys, [header, *bodies]))
+        try:
+            return int(await self._backend.appends.run(keys, [header, *bodies]))
+        except WriterFenced:
+            self._backend.fenced(task_id)
+            raise
 
     async def create(self, task_id: str) -> None:
         if self._closed:

@@ -1,14 +1,19 @@
 """The connection side of the Redis store: the key layout, the scripts, the append pipeline, and the
 `RedisBackend` that holds them (and the wake-ups) for the two stores built on it.
 
-Per task, a hash, a stream and an acks string share the `{t:<id>}` hash tag (one cluster slot); an owner's
-index and counter share `{o:<owner>}`. Script errors come back as the exceptions here.
+Per task, a hash, a stream, an acks string and a list of input answers share the `{t:<id>}` hash tag
+(one cluster slot); an owner's index and counter share `{o:<owner>}`; the lease set orders unfinished
+tasks by lease expiry for takeover scans. Each backend is one replica: a random id minted at start, and
+the epoch it holds of each task it created or claimed (`held`), which its writes carry so that a replica
+another one took a task from is fenced. Script errors come back as the exceptions here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +28,24 @@ from gateway.events.log import LogSealed
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_wakeups import UNAVAILABLE, WakeUps
 
-__all__ = ["RedisBackend", "RedisKeys", "StoreUnreachable", "TaskGone", "WriterFenced", "raise_if_cancelled"]
+__all__ = [
+    "FENCED_EPOCH",
+    "RedisBackend",
+    "RedisKeys",
+    "StoreUnreachable",
+    "TaskGone",
+    "WriterFenced",
+    "mapped",
+    "raise_if_cancelled",
+]
+
+log = logging.getLogger("gateway.stores.redis")
 
 MAX_CONNECTIONS = 32
+DEFAULT_LEASE_TTL_S = 15.0
+FENCED_EPOCH = -1
+"""The epoch a replica writes a task with once it learnt another replica took the task over: no task
+is ever at it, so every later write is refused."""
 RETRIES = 5
 
 
@@ -49,7 +69,7 @@ _ERRORS: dict[str, type[LogSealed]] = {
 }
 
 
-def _mapped(error: BaseException) -> BaseException:
+def mapped(error: BaseException) -> BaseException:
     """A script's error reply as the exception the interfaces promise."""
     if isinstance(error, ResponseError):
         code, _, message = str(error).partition(" ")
@@ -91,6 +111,20 @@ class RedisKeys:
     def channel(self, task_id: str) -> str:
         return f"{self.prefix}{{t:{task_id}}}:w"
 
+    def inputs(self, task_id: str) -> str:
+        """Input answers recorded for the replica that runs the task (2026-07-28 `tasks/update`)."""
+        return f"{self.prefix}{{t:{task_id}}}:u"
+
+    @property
+    def leases(self) -> str:
+        """Task ids scored by lease expiry (ms, Redis server time): what a takeover scan reads."""
+        return self.prefix + "leases"
+
+    @property
+    def control(self) -> str:
+        """The prefix of each replica's control channel (+ replica id): cancel and input requests."""
+        return self.prefix + "replica:"
+
     def owned(self, owner: str) -> tuple[str, str]:
         """The owner's index (task ids scored by creation number) and its counter."""
         base = f"{self.prefix}{{o:{owner}}}"
@@ -115,6 +149,10 @@ class _Scripts:
         self.advance_next_seq = register(lua.ADVANCE_NEXT_SEQ)
         self.drop_record = register(lua.DROP_RECORD)
         self.bump_epoch = register(lua.BUMP_EPOCH)
+        self.renew_lease = register(lua.RENEW_LEASE)
+        self.claim_lease = register(lua.CLAIM_LEASE)
+        self.request = register(lua.REQUEST)
+        self.take_input = register(lua.TAKE_INPUT)
         self.append = register(lua.APPEND)
         self.create_log = register(lua.CREATE_LOG)
         self.seal = register(lua.SEAL)
@@ -168,7 +206,7 @@ class _AppendPipeline:
             if pending.done.done():
                 continue
             if isinstance(result, BaseException):
-                pending.done.set_exception(_mapped(result))
+                pending.done.set_exception(mapped(result))
             else:
                 pending.done.set_result(result)
 
@@ -234,7 +272,17 @@ class RedisBackend:
     """One Redis server (or cluster entry point) under one key prefix: the client, the scripts, the
     append pipeline and the wake-up connection both stores share."""
 
-    def __init__(self, url: str, prefix: str) -> None:
+    def __init__(self, url: str, prefix: str, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+        self.replica = secrets.token_hex(8)
+        """This replica's id: random, minted at start (a restarted process is a new replica)."""
+        self.lease_ttl_ms = max(1, int(lease_ttl_s * 1000))
+        self.held: dict[str, int] = {}
+        """The epoch this replica writes each task it created or claimed with (FENCED_EPOCH once another
+        replica took it over): its appends and status updates are refused unless the task is still at it."""
+        self.on_held: Callable[[str], None] | None = None
+        """Told when this replica comes to hold a task (creates or claims it): what it leases."""
+        self.on_fenced: Callable[[str], None] | None = None
+        """Told (once per task) when a write of this replica was fenced: the task is another's now."""
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS))
         # The append pipeline has a connection of its own: many readers never make a writer wait for one.
         self.writer: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, 1))
@@ -244,6 +292,27 @@ class RedisBackend:
         self.wake_ups = WakeUps(self.client)
         self.closed = False
         self._users = 0
+
+    def hold(self, task_id: str, epoch: int) -> None:
+        """This replica runs (or watches) the task from now on, writing it at `epoch`."""
+        self.held[task_id] = epoch
+        if self.on_held is not None:
+            self.on_held(task_id)
+
+    def epoch_of(self, task_id: str) -> int | None:
+        """The epoch this replica's writes of the task carry (None: an unfenced writer)."""
+        return self.held.get(task_id)
+
+    def fenced(self, task_id: str) -> None:
+        """A write of the task was refused: another replica holds it. Every later write is refused too."""
+        if self.held.get(task_id) == FENCED_EPOCH:
+            return
+        self.held[task_id] = FENCED_EPOCH
+        log.warning(
+            "task taken over by another replica (or expired): this replica stops working on it", extra={"task": task_id}
+        )
+        if self.on_fenced is not None:
+            self.on_fenced(task_id)
 
     def use(self) -> RedisBackend:
         """Count one more store on this backend: it closes when the last one does."""

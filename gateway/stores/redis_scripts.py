@@ -6,7 +6,9 @@ error replies whose first word the store maps to an exception (`LOG_SEALED`, `LO
 `TASK_GONE`).
 
 The task hash holds the record (`rec`: the immutable fields as JSON; `owner`, `status`, `msg`, `updated`,
-`summary`, `outcome`, `rseq`, `due`, `until`, `epoch`) and the log's state (`log`, `next_seq`, `sealed`,
+`summary`, `outcome`, `rseq`, `due`, `until`, `epoch`), its owner lease (`replica`: the owning replica's
+id, `lease`: the lease's expiry in Redis server time, ms; `cancel`: '1' once a cancel is requested) and
+the log's state (`log`, `next_seq`, `sealed`,
 `deleted`, `last_t`). Stream entry ids are `0-(seq+1)` (`0-0` is not a valid id), with fields `t` (the
 append time) and `d` (the body). Optional values travel as `+value`, or `-` for none.
 """
@@ -18,6 +20,7 @@ __all__ = [
     "APPEND",
     "BOUNDS",
     "BUMP_EPOCH",
+    "CLAIM_LEASE",
     "CREATE_LOG",
     "CREATE_RECORD",
     "DELETE_LOG",
@@ -25,8 +28,11 @@ __all__ = [
     "INDEX_OWNED",
     "READ",
     "RECORD_FIELDS",
+    "RENEW_LEASE",
     "REPLACE_OUTCOME",
+    "REQUEST",
     "SEAL",
+    "TAKE_INPUT",
     "UPDATE_STATUS",
 ]
 
@@ -45,6 +51,12 @@ local function optional(hash, field, value)
   else
     redis.call('HDEL', hash, field)
   end
+end
+
+-- Redis server time in ms: the one clock every replica's leases are measured by.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
 local function record_of(hash)
@@ -98,15 +110,17 @@ end
 CREATE_RECORD = (
     _COMMON
     + """
--- KEYS: task hash. ARGV: rec, owner, status, msg, updated, summary, rseq, due.
+-- KEYS: task hash. ARGV: rec, owner, status, msg, updated, summary, rseq, due, replica, lease ttl ms.
+-- The lease's expiry (ms, server time), or 0 if the task exists.
 local hash = KEYS[1]
 if redis.call('HEXISTS', hash, 'owner') == 1 then return 0 end
+local lease = now_ms() + tonumber(ARGV[10])
 redis.call('HSET', hash, 'rec', ARGV[1], 'owner', ARGV[2], 'status', ARGV[3], 'updated', ARGV[5],
-  'rseq', ARGV[7], 'due', ARGV[8], 'epoch', '0')
+  'rseq', ARGV[7], 'due', ARGV[8], 'epoch', '0', 'replica', ARGV[9], 'lease', lease)
 optional(hash, 'msg', ARGV[4])
 optional(hash, 'summary', ARGV[6])
-redis.call('HDEL', hash, 'outcome', 'until')
-return 1
+redis.call('HDEL', hash, 'outcome', 'until', 'cancel')
+return lease
 """
 )
 
@@ -121,8 +135,12 @@ UPDATE_STATUS = (
     _COMMON
     + """
 -- KEYS: task hash, stream. ARGV: expected, status, msg, updated, summary, outcome, retention ms ('' none),
--- until (wall-clock seconds the record lives until once terminal), sweep grace ms.
+-- until (wall-clock seconds the record lives until once terminal), sweep grace ms, the writer's epoch
+-- ('-' for an unfenced writer: FENCED if it is not the task's).
 local hash, stream = KEYS[1], KEYS[2]
+if ARGV[10] ~= '-' and redis.call('HGET', hash, 'epoch') ~= ARGV[10] then
+  return redis.error_reply('FENCED epoch ' .. ARGV[10] .. ' is stale')
+end
 local current = redis.call('HGET', hash, 'status')
 if not current or current ~= ARGV[1] or TERMINAL[current] then return false end
 redis.call('HSET', hash, 'status', ARGV[2], 'updated', ARGV[4])
@@ -177,7 +195,7 @@ if due > now then return false end
 local dropped = record_of(hash)
 table.insert(dropped, 1, fields[1])
 redis.call('HDEL', hash, 'rec', 'owner', 'status', 'msg', 'updated', 'summary', 'outcome', 'rseq', 'due', 'until',
-  'epoch')
+  'epoch', 'replica', 'lease', 'cancel')
 if redis.call('HGET', hash, 'log') ~= '1' then redis.call('DEL', hash) end
 return dropped
 """
@@ -188,6 +206,73 @@ BUMP_EPOCH = """
 local current = redis.call('HGET', KEYS[1], 'epoch')
 if not current or redis.call('HEXISTS', KEYS[1], 'owner') == 0 or current ~= ARGV[1] then return false end
 return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+"""
+
+RENEW_LEASE = (
+    _COMMON
+    + """
+-- KEYS: task hash, input list. ARGV: replica, epoch, lease ttl ms. Compare-and-set on (replica, epoch):
+-- {1, lease expiry, cancel requested 0/1, input answers waiting 0/1} while the replica holds the task
+-- unfinished; {2} if it holds it ended (its status update just landed: nothing to renew); {0} once it
+-- does not hold it (taken over, or the record expired).
+local hash = KEYS[1]
+local fields = redis.call('HMGET', hash, 'replica', 'epoch', 'status', 'cancel')
+if fields[1] ~= ARGV[1] or fields[2] ~= ARGV[2] or not fields[3] then return {0} end
+if TERMINAL[fields[3]] then return {2} end
+local lease = now_ms() + tonumber(ARGV[3])
+redis.call('HSET', hash, 'lease', lease)
+local waiting = 0
+if redis.call('LLEN', KEYS[2]) > 0 then waiting = 1 end
+return {1, lease, fields[4] == '1' and 1 or 0, waiting}
+"""
+)
+
+CLAIM_LEASE = (
+    _COMMON
+    + """
+-- KEYS: task hash. ARGV: replica, lease ttl ms. Take over an unfinished task whose lease has expired:
+-- epoch + 1 (the former owner is fenced from then on), this replica, a fresh lease.
+-- {1, new epoch, lease, cancel requested 0/1}; {0, lease}: the lease is live (someone renewed it or
+-- claimed it first); {-1}: nothing to claim (ended, or no record).
+local hash = KEYS[1]
+local fields = redis.call('HMGET', hash, 'owner', 'status', 'lease', 'cancel')
+if not fields[1] or not fields[2] or TERMINAL[fields[2]] then return {-1} end
+local now = now_ms()
+local lease = tonumber(fields[3] or '0')
+if lease > now then return {0, lease} end
+local epoch = redis.call('HINCRBY', hash, 'epoch', 1)
+lease = now + tonumber(ARGV[2])
+redis.call('HSET', hash, 'replica', ARGV[1], 'lease', lease)
+return {1, epoch, lease, fields[4] == '1' and 1 or 0}
+"""
+)
+
+REQUEST = (
+    _COMMON
+    + """
+-- KEYS: task hash, input list. ARGV: 'cancel' or 'input', the answers (JSON, for 'input'), the
+-- replicas' control channel prefix, the task id. Record a request for the replica that runs the unfinished task and
+-- tell it on its control channel; 1, or 0 if the task has ended or has no record.
+local hash = KEYS[1]
+local fields = redis.call('HMGET', hash, 'owner', 'status', 'replica')
+if not fields[1] or not fields[2] or TERMINAL[fields[2]] then return 0 end
+if ARGV[1] == 'cancel' then
+  redis.call('HSET', hash, 'cancel', '1')
+else
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  local left = redis.call('PTTL', hash)
+  if left > 0 then redis.call('PEXPIRE', KEYS[2], left) end
+end
+if fields[3] then redis.call('PUBLISH', ARGV[3] .. fields[3], ARGV[4]) end
+return 1
+"""
+)
+
+TAKE_INPUT = """
+-- KEYS: input list. The answers waiting for the owner (JSON each), oldest first; the list is emptied.
+local answers = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+return answers
 """
 
 APPEND = (

@@ -28,13 +28,17 @@ from gateway.protocol.dialect import LEGACY, Dialect, TaskDetails, dialect_of, u
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
+from gateway.tasks.lease_store import LeaseStore
 from gateway.tasks.reads import StoredTask, TaskReads
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.registry import InputListener, StatusListener, Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import InvalidCursor
-from gateway.upstream.base import Exchange, UpstreamChannel
+from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UpstreamChannel
 
 log = logging.getLogger("gateway.tasks.hosted")
+
+SEALED_POLL_S = 0.02
+"""How often a cancel waiting on another replica reads a record whose log is sealed (status due)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,8 @@ class HostedTasks:
         self._retention = retention
         self._events = events
         self._runners: set[asyncio.Task[None]] = set()
+        self.leases: LeaseStore | None = None
+        """Shared stores: where a cancel or input answers for a task another replica runs are recorded."""
 
     # -- what the gateway advertises ----------------------------------------------------------
 
@@ -283,17 +289,44 @@ class HostedTasks:
             if task is not None:
                 await self.input.update(task, responses)
             elif not record.terminal:
-                raise task_elsewhere(record, request_id)
+                await self._owner_of(record, request_id).request_input(record.id, responses)
             return result_message(request_id, dict(dialect.empty_result))
         if task is not None:  # tasks/cancel
             if not task.terminal or dialect.ended_cancel_is_error:
                 await self.cancel(task, request_id)
             return result_message(request_id, dialect.cancel_result(task))
         if not record.terminal:
-            raise task_elsewhere(record, request_id)
+            if await self._owner_of(record, request_id).request_cancel(record.id):
+                record = await self._until_ended(record)
+            else:  # it ended meanwhile
+                record = await self.reads.record(caller.owner, record.id) or record
+            if not record.terminal or record.status is TaskStatus.CANCELLED:
+                return result_message(request_id, dialect.cancel_result(record))
         if dialect.ended_cancel_is_error:
             raise already_ended(record, request_id)
         return result_message(request_id, dialect.cancel_result(record))
+
+    def _owner_of(self, record: TaskRecord, request_id: RequestId) -> LeaseStore:
+        """Where requests for a task another replica runs are recorded; `task_elsewhere` on an exclusive
+        store (no replica runs the task: a process there finds it before it serves)."""
+        if self.leases is None:
+            raise task_elsewhere(record, request_id)
+        return self.leases
+
+    async def _until_ended(self, record: TaskRecord) -> TaskRecord:
+        """The record once it is terminal (its owner carrying out a cancel), waiting on its log; as it is
+        after two lease TTLs and a second (time for a takeover, if its owner died)."""
+        loop = asyncio.get_running_loop()
+        assert self.leases is not None
+        deadline = loop.time() + 2 * self.leases.ttl_s + 1.0
+        while not record.terminal and (left := deadline - loop.time()) > 0:
+            bounds = await self.reads.bounds(record)
+            if bounds.sealed:  # the terminal events are in: the status follows at once
+                await asyncio.sleep(min(left, SEALED_POLL_S))
+            else:
+                await self.registry.log.wait(record.id, bounds.next_seq - 1, min(left, 1.0))
+            record = await self.reads.record(record.owner, record.id) or record
+        return record
 
     async def record_named(self, caller: Caller, message: Message) -> TaskRecord:
         """The caller's record of the task a request names; -32602 for an unknown or foreign id."""
@@ -323,7 +356,7 @@ class HostedTasks:
         if task.terminal:
             raise already_ended(task.record, request_id)
         hook, task.cancel = task.cancel, None
-        await self.registry.set_status(task, TaskStatus.CANCELLED, "cancelled by the client")
+        await self.registry.set_status(task, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON)
         if hook is not None:
             await hook()
 
@@ -337,12 +370,10 @@ def already_ended(record: TaskRecord, request_id: RequestId) -> ProtocolError:
 
 
 def task_elsewhere(record: TaskRecord, request_id: RequestId) -> ProtocolError:
-    """-32603 for a cancel or an input answer of a running task another gateway process runs (a
-    replica, or this process before a restart): only that process holds the call to cancel or answer.
-
-    The seam for shared stores: there, the request is to be recorded in the task store for the owning
-    process to carry out (and the answer given as for a local task); until then it is refused, saying
-    so, and never mistaken for an unknown task (the caller owns it)."""
+    """-32603 for a cancel or an input answer of a running task no process here runs, on a store without
+    owner leases (memory, SQLite: only one process uses it, and that one takes over every unfinished task
+    before it serves, so this is only seen if that went wrong). On shared stores (Redis) the request is
+    recorded for the replica that runs the task instead (`LeaseStore`)."""
     return ProtocolError(
         jsonrpc.INTERNAL_ERROR,
         "Internal error: the task is running in another gateway process; this request must reach that process",

@@ -239,11 +239,23 @@ class TaskRegistry:
     async def adopt_unfinished(self) -> list[Task]:
         """The tasks a previous process on these stores left unfinished, each now this process's
         `Task` (counted for its owner), for the caller to fail or watch again. Once, before serving."""
-        tasks = [Task(record) for record in await self.store.unfinished()]
-        for task in tasks:
-            self._tasks[task.id] = task
-            self._per_owner[task.owner] += 1
-        return tasks
+        return [self.adopt(record) for record in await self.store.unfinished()]
+
+    def adopt(self, record: TaskRecord) -> Task:
+        """A task another process left unfinished, now this process's (counted for its owner)."""
+        task = self._tasks[record.id] = Task(record)
+        self._per_owner[task.owner] += 1
+        return task
+
+    def release(self, task_id: str) -> Task | None:
+        """Stop holding a task here without writing anything (another replica took it over)."""
+        task = self._tasks.pop(task_id, None)
+        if task is not None:
+            self._per_owner[task.owner] -= 1
+            self._log_expiry.pop(task_id, None)
+            self._forget_outcome(task_id)
+            task.settle_input()
+        return task
 
     def check_room(self, owner: str) -> None:
         """Raise TaskLimitReached unless `owner` may create one more task."""

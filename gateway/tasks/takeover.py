@@ -1,4 +1,7 @@
-"""Taking over at start-up: what becomes of the tasks a previous process on the same stores left unfinished.
+"""Taking over: what becomes of the tasks a previous process on the same stores left unfinished.
+
+The same happens to a task of a replica on a shared store (Redis) whose owner lease expired, when
+another replica claims it (`gateway.tasks.leases`).
 
 A gateway-hosted task cannot be resumed: its upstream call (a stdio child's, or a 2026-07-28 request)
 died with the process that made it. Nor can a task that lived in a stdio upstream (the gateway's child
@@ -17,6 +20,7 @@ from gateway.protocol.jsonrpc import Message
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import Task, TaskRegistry
+from gateway.upstream.base import CLIENT_CANCEL_REASON
 
 log = logging.getLogger("gateway.tasks.takeover")
 
@@ -29,26 +33,40 @@ OWNER_LOST_REASON = "owner_lost"
 async def take_over(registry: TaskRegistry, passthrough: Passthrough) -> None:
     """Fail or watch again every task the stores hold unfinished. Once, before the gateway serves."""
     for task in await registry.adopt_unfinished():
-        if task.record.upstream is not None and await passthrough.resume(task):
-            log.info("watching an upstream task again after a restart", extra={"task": task.id})
-        else:
-            await lose(registry, task, _cause(task))
+        await take_over_task(registry, passthrough, task, RESTARTED)
 
 
-def _cause(task: Task) -> str:
+async def take_over_task(
+    registry: TaskRegistry, passthrough: Passthrough, task: Task, gone: str, *, cancel_requested: bool = False
+) -> None:
+    """What becomes of one task whose owner is `gone` (a sentence: why it no longer runs the task), at a
+    restart or when another replica's lease expired: watched again if the upstream holds it, else lost;
+    `cancelled` instead of `failed` when a client had asked to cancel it."""
+    if task.record.upstream is not None and await passthrough.resume(task):
+        log.info("watching an upstream task again", extra={"task": task.id})
+    else:
+        await lose(registry, task, _cause(task, gone), cancelled=cancel_requested)
+
+
+RESTARTED = "the gateway process running the task ended"
+LEASE_EXPIRED = "the gateway replica running the task stopped renewing its lease"
+
+
+def _cause(task: Task, gone: str) -> str:
     if task.record.upstream is None:
-        return "the gateway process running the task ended, and its upstream call with it: it cannot be resumed"
-    return (
-        "the gateway process watching the task ended, and the upstream conversation that held the task "
-        "ended with it: it cannot be watched again"
-    )
+        return f"{gone}, and its upstream call with it: it cannot be resumed"
+    return f"{gone}, and the upstream conversation that held the task ended with it: it cannot be watched again"
 
 
-async def lose(registry: TaskRegistry, task: Task, cause: str) -> None:
-    """Record that the gateway lost `task` (`task.owner_lost`), then fail it with an outcome saying why."""
+async def lose(registry: TaskRegistry, task: Task, cause: str, *, cancelled: bool = False) -> None:
+    """Record that the gateway lost `task` (`task.owner_lost`), then fail it with an outcome saying why
+    (or, if a client had asked to cancel it, cancel it)."""
     hosted_by = "gateway" if task.record.upstream is None else "upstream"
     await registry.record(task, registry.capture.lifecycle(OWNER_LOST, cause=cause, hostedBy=hosted_by))
-    await registry.set_status(task, TaskStatus.FAILED, cause, outcome=lost_outcome(cause))
+    if cancelled:
+        await registry.set_status(task, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON)
+    else:
+        await registry.set_status(task, TaskStatus.FAILED, cause, outcome=lost_outcome(cause))
     log.warning("task lost with the process that ran it", extra={"task": task.id})
 
 
