@@ -7,6 +7,7 @@ front of its own example server, sharing the module's own `redis-server` under o
   duplicates, and equal to a late joiner's on either replica; in both eras.
 - `tasks/list` answers the same on A and B for one principal; the other principal sees none of its tasks.
 - `tasks/get` and `tasks/result` of a completed task are byte-identical from A and B.
+- A task the upstream hosts (server-everything over HTTP), watched by A: B reads it from the stores.
 
 Cross-replica cancel and owner takeover are tested with owner leases, not here.
 """
@@ -26,11 +27,14 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from gateway.client import GatewayClient
 from tests import test_auth_api_key
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix
 from tests.test_auth_api_key import KEY_A, KEY_B, digest
+from tests.test_restart import raw_session, read_events, result_bytes
 from tests.test_tasks_stream import EMPTY, create_task, stream, take
+from tests.test_upstream_with_tasks import TOOL, http_upstream
 from tests.wire import LEGACY, MODERN, Client, seqs, task_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -232,3 +236,42 @@ async def test_get_and_result_of_a_completed_task_are_byte_identical_on_both_rep
             from_a, from_b = await raw_answer(on_a, method, task_id), await raw_answer(on_b, method, task_id)
             assert from_a == from_b, (method, from_a, from_b)
             assert b'"error"' not in from_a[1] and task_id.encode() in from_a[1], (method, from_a)
+
+
+# -- a task the upstream hosts, watched by A, read on B ----------------------------------------------
+
+
+async def test_a_pass_through_task_watched_by_a_reads_on_b_from_the_stores(tmp_path: Path) -> None:
+    """server-everything over HTTP hosts the task and replica A watches it: B answers tasks/get, streams
+    its events live to the end and answers tasks/result with A's bytes, from the stores; B refuses a
+    cancel of the running task, which only A's upstream conversation can carry out, with task_elsewhere
+    rather than an unknown id."""
+    server = RedisServer(tmp_path / "redis")
+    server.directory.mkdir()
+    server.start()
+    try:
+        config = f'[store]\nkind = "redis"\nurl = "{server.url}"\nkey_prefix = "{fresh_prefix()}"\n'
+        async with (
+            asyncio.timeout(90),
+            http_upstream(tmp_path) as (upstream_url, _),
+            together(*(start_gateway(upstream_url=upstream_url, config_text=config) for _ in "AB")) as (a, b),
+        ):
+            async with raw_session(a.url) as on_a:
+                created = await on_a.result(
+                    "tools/call", {"name": TOOL, "arguments": {"topic": "replicas"}, "task": {"ttl": 60000}}
+                )
+            task_id = created["task"]["taskId"]
+            async with raw_session(b.url) as on_b:
+                seen = await on_b.result("tasks/get", {"taskId": task_id})
+                assert seen["taskId"] == task_id and seen["status"] in ("working", "completed"), seen
+                if seen["status"] == "working":
+                    refused = await on_b.request("tasks/cancel", {"taskId": task_id})
+                    error = refused.messages[-1]["error"]
+                    assert error["code"] == -32603 and error["data"]["reason"] == "task_elsewhere", error
+            async with GatewayClient(b.url) as client:
+                events = await read_events(client, task_id, None, None)
+            assert [event["seq"] for event in events] == list(range(len(events)))
+            assert events[-2]["payload"]["status"] == "completed", events[-2:]
+            assert await result_bytes(b.url, task_id) == await result_bytes(a.url, task_id)
+    finally:
+        server.stop()

@@ -26,7 +26,7 @@ from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import HostedTasks
+from gateway.tasks.hosted import HostedTasks, task_elsewhere
 from gateway.tasks.input import UpstreamCall, input_required
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import (
@@ -152,6 +152,9 @@ class TaskService:
             call.caller.dialect.check_tasks_declared(call.message)
             parse_stream_params(call.message)  # the same -32602 for a bad taskId or after as a hosted stream
         if streaming or call.method in call.caller.dialect.task_requests:
+            named = jsonrpc.params_of(call.message).get("taskId")
+            if self._passthrough.registry.get(call.caller.owner, named) is None:
+                return await self._watched_elsewhere(call)
             task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
             if streaming:
                 self._claim_stream(call, task.id)
@@ -254,6 +257,19 @@ class TaskService:
         return pin
 
     # -- hosted task methods ---------------------------------------------------------------------
+
+    async def _watched_elsewhere(self, call: TaskCall) -> Plan:
+        """A request naming an upstream-hosted task this process does not watch: another replica on the
+        shared stores watches it (or the id is unknown, or another caller's). Reads come from the stores,
+        as for a hosted task; a cancel or an input answer of a running one must reach the upstream
+        conversation that holds the task, which only the watching replica has."""
+        if call.method == "tasks/stream":
+            return await self._stream(call)
+        if call.method in ("tasks/cancel", "tasks/update"):
+            record = await self._hosted.record_named(call.caller, call.message)
+            if not record.terminal:
+                raise task_elsewhere(record, call.message["id"])
+        return await self._task_method(call)
 
     def _serves(self, call: TaskCall) -> bool:
         """Task methods the gateway answers for an upstream without Tasks."""
