@@ -84,6 +84,9 @@ class Stores:
     the replica that runs a task. None: only this process uses the stores (memory; SQLite holds a lock
     on its file), so every task they hold unfinished at start-up was left by a process that is gone,
     and is taken over then."""
+    secret: Callable[[str], Awaitable[bytes]] | None = None
+    """A random secret kept in the store, drawn on first use (None: the store keeps nothing across a
+    restart, and a key drawn by the process serves as well)."""
 
     async def open(self) -> None:
         """Check the store at start-up: fails if its server is unreachable, logs a warning per bad setting."""
@@ -115,7 +118,7 @@ def build_stores(config: Config) -> Stores:
         sqlite_log = SqliteEventLog(
             database, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
-        return Stores(SqliteTaskStore(database, cap), sqlite_log)
+        return Stores(SqliteTaskStore(database, cap), sqlite_log, secret=database.secret)
     if kind == "redis":
         # Imported only when chosen: the redis client costs about 6 MiB of memory a gateway on another
         # store does not need.
@@ -127,7 +130,7 @@ def build_stores(config: Config) -> Stores:
             backend, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
         tasks = RedisTaskStore(backend, cap, terminal_retention_s=retention.terminal_retention_s)
-        return Stores(tasks, redis_log, backend.check, leases=RedisLeases(backend))
+        return Stores(tasks, redis_log, backend.check, leases=RedisLeases(backend), secret=backend.secret)
     assert_never(kind)
 
 
@@ -252,6 +255,9 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         server_logger.addFilter(framing_errors)
         await stores.open()
+        if auth.keeps_key_in_store and stores.secret is not None:
+            # Callers must hash the same after a restart and on every replica, or their tasks are lost to them.
+            auth.use_key(await stores.secret("principal_key"))
         await upstream.start()
         if leases is None:
             await take_over(registry, passthrough)

@@ -505,8 +505,8 @@ class AuthConfig(_Section):
     principal_claims: list[str] = Field(default_factory=lambda: ["iss", "sub"], min_length=1)
     """The token claims that together name the principal (mode = "oauth")."""
     principal_key_env: str = ""
-    """The environment variable holding the key of the principals' keyed hash; empty: a random key per
-    process (tasks in a durable or shared store are then not found again after a restart or on a replica)."""
+    """The environment variable holding the key of the principals' keyed hash; empty: a random key kept in
+    the store (drawn once: the same after a restart and on every replica), per process on the memory store."""
     token_cache_s: float = Field(default=300.0, ge=0)
     """A validated token is trusted again without checking for min(its exp, this long)."""
     jwt: JwtConfig = Field(default_factory=JwtConfig)

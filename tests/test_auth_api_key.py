@@ -46,6 +46,21 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+TWO_KEYS = f"""
+[auth]
+mode = "api_key"
+
+[[auth.api_keys]]
+name = "a"
+sha256 = "{digest(KEY_A)}"
+
+[[auth.api_keys]]
+name = "b"
+sha256 = "{digest(KEY_B)}"
+"""
+"""Principals a and b, no scopes: what tests about who owns what need."""
+
+
 CONFIG = f"""
 [auth]
 mode = "api_key"

@@ -31,7 +31,7 @@ from gateway.edge.limits import PrincipalLimits, RateLimited, TokenBuckets
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.summaries import call_audit
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
-from tests.test_auth_api_key import KEY_A, KEY_B, bearer, digest
+from tests.test_auth_api_key import KEY_A, KEY_B, TWO_KEYS, bearer, digest
 from tests.test_auth_limits import Clock
 from tests.test_http_upstream import scripted
 from tests.wire import LEGACY, MODERN, task_events
@@ -282,15 +282,7 @@ async def test_a_burst_on_one_tool_gets_429_while_the_principals_other_tools_sti
             calls[body["params"]["name"]] += 1
         return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
 
-    config = f"""
-[auth]
-mode = "api_key"
-[[auth.api_keys]]
-name = "a"
-sha256 = "{digest(KEY_A)}"
-[[auth.api_keys]]
-name = "b"
-sha256 = "{digest(KEY_B)}"
+    config = f"""{TWO_KEYS}
 [[auth.rules]]
 match = "limited_*"
 requests_per_s = 0.001

@@ -1,6 +1,6 @@
 """Two gateway replicas on one Redis (issue 12, "Two replicas, one Redis"): real gateway processes, each in
 front of its own example server, sharing the module's own `redis-server` under one key prefix, with
-`[auth] mode = "api_key"` and two principals.
+`[auth] mode = "api_key"` and two principals (hashed under the key the replicas share through Redis).
 
 - A task created on replica A, its stream read in 100 cuts alternating between B and A (each resume on
   the other replica, with `after` = the last seq seen): the assembled history is gap-free, without
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -31,7 +30,7 @@ from gateway.client import GatewayClient
 from tests import test_auth_api_key
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix
-from tests.test_auth_api_key import KEY_A, KEY_B, digest
+from tests.test_auth_api_key import TWO_KEYS
 from tests.test_restart import raw_session, read_events, result_bytes
 from tests.test_tasks_stream import EMPTY, create_task, stream, take
 from tests.test_upstream_with_tasks import TOOL, http_upstream
@@ -43,30 +42,10 @@ http_a = test_auth_api_key.http_a  # principal a's requests (to either replica)
 http_b = test_auth_api_key.http_b  # principal b's
 
 RESUMES = 100
-PRINCIPAL_KEY_ENV = "MTG_TEST_PRINCIPAL_KEY"
-"""Where both replicas take the key their principals are hashed under: one key, so a caller is the same
-principal on either replica (each process draws a key of its own without it)."""
 
 
 def replica_config(url: str, prefix: str) -> str:
-    return f"""
-[store]
-kind = "redis"
-url = "{url}"
-key_prefix = "{prefix}"
-
-[auth]
-mode = "api_key"
-principal_key_env = "{PRINCIPAL_KEY_ENV}"
-
-[[auth.api_keys]]
-name = "a"
-sha256 = "{digest(KEY_A)}"
-
-[[auth.api_keys]]
-name = "b"
-sha256 = "{digest(KEY_B)}"
-"""
+    return f'[store]\nkind = "redis"\nurl = "{url}"\nkey_prefix = "{prefix}"\n{TWO_KEYS}'
 
 
 @contextlib.asynccontextmanager
@@ -90,12 +69,11 @@ async def replicas(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tu
     server = RedisServer(Path(tmp_path_factory.mktemp("redis")))
     server.start()
     try:
+        # No principal_key_env: the replicas hash callers under the key the first one drew into Redis.
         config = replica_config(server.url, fresh_prefix())
-        with pytest.MonkeyPatch.context() as environment:
-            environment.setenv(PRINCIPAL_KEY_ENV, secrets.token_hex(16))
-            starting = [start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) for _ in "AB"]
-            async with together(*starting) as (a, b):
-                yield a, b
+        starting = [start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) for _ in "AB"]
+        async with together(*starting) as (a, b):
+            yield a, b
     finally:
         server.stop()
 

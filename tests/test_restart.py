@@ -29,6 +29,7 @@ from gateway.client import GatewayClient
 from gateway.client.stream import JsonRpcError
 from gateway.config import EventsConfig
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
+from tests.test_auth_api_key import KEY_A, KEY_B, TWO_KEYS, bearer
 from tests.test_modern_tasks_server import SERVER as MODERN_SERVER
 from tests.test_upstream_with_tasks import TOOL, http_upstream
 from tests.wire import LEGACY, Client
@@ -162,3 +163,23 @@ async def test_a_modern_pass_through_task_is_watched_again_by_its_upstream_id(tm
     assert "capture.interrupted" in kinds and kinds[-2:] == ["task.status", "task.terminal"], kinds
     assert rest[-2]["payload"]["status"] == "completed"
     assert task["taskId"] == task_id and task["status"] == "completed"
+
+
+async def test_a_caller_owns_its_tasks_after_a_restart_without_a_configured_principal_key(tmp_path: Path) -> None:
+    """With api keys and no `principal_key_env`, the principals' key is the one kept in the SQLite file:
+    after a restart the same key still owns its task, and another key still cannot tell it exists."""
+    config = sqlite_config(tmp_path) + TWO_KEYS
+    async with (
+        start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as first,
+        GatewayClient(first.url, headers=bearer(KEY_A)) as client,
+    ):
+        task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0.01})
+        assert task_id is not None
+        await client.follow(task_id, on_event=lambda _: None)
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as second:
+        async with GatewayClient(second.url, headers=bearer(KEY_A)) as client:
+            assert (await client.get_task(task_id))["result"]["status"] == "completed"
+        async with GatewayClient(second.url, headers=bearer(KEY_B)) as client:
+            with pytest.raises(JsonRpcError) as foreign:
+                await client.get_task(task_id)
+    assert foreign.value.code == -32602

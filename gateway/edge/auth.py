@@ -107,10 +107,7 @@ class EdgeAuth:
         self._validate_token = validate_token
         if config.mode == "oauth" and validate_token is None:
             raise ValueError('mode = "oauth" needs a token validator')
-        self._key = self._hash_key(config.principal_key_env) if config.mode != "none" else b""
-        self._api_keys = [
-            (key.sha256, self.principal(f"api_key:{key.name}", key.scopes, key.claims)) for key in config.api_keys
-        ]
+        self.use_key(self._hash_key(config.principal_key_env) if config.mode != "none" else b"")
 
     @staticmethod
     def _hash_key(env_name: str) -> bytes:
@@ -120,6 +117,20 @@ class EdgeAuth:
         if not value:
             raise ConfigError(f"auth.principal_key_env: the environment variable {env_name} is not set or empty")
         return value.encode()
+
+    @property
+    def keeps_key_in_store(self) -> bool:
+        """Whether the principals' key is the store's (no `principal_key_env`): a durable or shared store
+        must hash a caller the same after a restart and on every replica, or its tasks are lost to it."""
+        return self.enabled and not self.config.principal_key_env
+
+    def use_key(self, key: bytes) -> None:
+        """Hash principals under `key` from now on (before serving: the store's key, read at start)."""
+        self._key = key
+        self._api_keys = [
+            (api_key.sha256, self.principal(f"api_key:{api_key.name}", api_key.scopes, api_key.claims))
+            for api_key in self.config.api_keys
+        ]
 
     @property
     def enabled(self) -> bool:

@@ -25,6 +25,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
 from gateway.events.log import LogSealed
+from gateway.stores import SECRET_BYTES
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_wakeups import UNAVAILABLE, WakeUps
 
@@ -133,6 +134,10 @@ class RedisKeys:
     @property
     def expiry(self) -> str:
         return self.prefix + "expiry"
+
+    def secret(self, name: str) -> str:
+        """A random secret every replica shares (`RedisBackend.secret`)."""
+        return f"{self.prefix}secret:{name}"
 
 
 class _Scripts:
@@ -339,6 +344,14 @@ class RedisBackend:
                 "evict task records and events, and readers would see tasks vanish and logs gone"
             ]
         return []
+
+    async def secret(self, name: str) -> bytes:
+        """The random secret `name` every replica on this prefix shares: the first to ask draws it."""
+        key = self.keys.secret(name)
+        await self.client.set(key, secrets.token_bytes(SECRET_BYTES), nx=True)
+        value = await self.client.get(key)
+        assert isinstance(value, bytes)  # set just now if it was not there; never deleted
+        return value
 
     async def release(self) -> None:
         self._users -= 1

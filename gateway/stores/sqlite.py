@@ -19,12 +19,15 @@ import asyncio
 import contextlib
 import fcntl
 import queue
+import secrets
 import sqlite3
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
+
+from gateway.stores import SECRET_BYTES
 
 __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"]
 
@@ -63,6 +66,11 @@ CREATE TABLE IF NOT EXISTS logs (
     tombstone_until REAL  -- set by delete: the events are gone, the row keeps next_seq until then
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS logs_tombstones ON logs (tombstone_until) WHERE tombstone_until IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,  -- what the secret is for: "principal_key"
+    value BLOB NOT NULL  -- random bytes drawn once, on first use
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS events (
     task TEXT NOT NULL,
@@ -250,6 +258,17 @@ class SqliteDatabase:
         return results
 
     # -- reads
+
+    async def secret(self, name: str) -> bytes:
+        """The random secret `name` kept in the file: drawn on first use, the same ever after."""
+
+        def get_or_draw(connection: sqlite3.Connection) -> bytes:
+            drawn = (name, secrets.token_bytes(SECRET_BYTES))
+            connection.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", drawn)
+            value: bytes = connection.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
+            return value
+
+        return await self.write(get_or_draw)
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run `query` on a read connection (off the loop); it sees every write committed before."""
