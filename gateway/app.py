@@ -248,6 +248,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         await stores.open()
         await upstream.start()
         if stores.exclusive:
+            await registry.rebuild()
             await take_over(registry, passthrough)
         sessions.start()
         registry.start()

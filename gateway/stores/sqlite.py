@@ -31,8 +31,9 @@ __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"
 T = TypeVar("T")
 Synchronous = Literal["normal", "full"]
 
-SCHEMA_VERSION = 1
-"""`PRAGMA user_version` of the files this code writes; a file with another (non-zero) one is refused."""
+SCHEMA_VERSION = 2
+"""`PRAGMA user_version` of the files this code writes; a file with a newer one is refused, an older one
+is brought up to date (`MIGRATIONS`) when opened."""
 
 READER_THREADS = 2
 """Read connections (one per thread): the machines this targets have a few cores."""
@@ -50,7 +51,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     next_seq INTEGER NOT NULL,
     epoch INTEGER NOT NULL DEFAULT 0,  -- the owner's fencing epoch, for a takeover after a restart
     record BLOB NOT NULL,  -- TaskRecord.to_dict() as JSON; status and next_seq above are authoritative
-    outcome BLOB
+    outcome BLOB,
+    outcome_replaced INTEGER NOT NULL DEFAULT 0  -- the outcome is an eviction's error, not the task's own
 );
 CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, number);
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
@@ -72,6 +74,9 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (task, seq)
 ) WITHOUT ROWID;
 """
+
+MIGRATIONS: dict[int, str] = {1: "ALTER TABLE tasks ADD COLUMN outcome_replaced INTEGER NOT NULL DEFAULT 0;"}
+"""From a file's schema version to the next: what brings it up to date (`SCHEMA` creates what is missing)."""
 
 Write = Callable[[sqlite3.Connection], Any]
 _Job = tuple[Write, "asyncio.Future[Any]"]
@@ -146,11 +151,13 @@ class SqliteDatabase:
                 raise StoreUnavailable(f"the SQLite store {where} cannot use WAL (journal mode {mode!r})")
             connection.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             version = connection.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version > SCHEMA_VERSION:
                 raise StoreUnavailable(
                     f"the SQLite store {where} has schema version {version}; this gateway knows {SCHEMA_VERSION}"
                 )
-            connection.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            # A new file (version 0) gets the whole SCHEMA; an older one its migrations first.
+            migrations = "".join(MIGRATIONS[old] for old in range(version, SCHEMA_VERSION)) if version else ""
+            connection.executescript(f"BEGIN; {migrations} {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
         except sqlite3.Error as exc:
             connection.close()
             raise StoreUnavailable(f"cannot use the SQLite store {where}: {_reason(exc)}") from None
