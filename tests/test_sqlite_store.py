@@ -226,6 +226,43 @@ async def test_writes_of_one_tick_commit_together_and_each_refusal_stays_its_own
     await log.close()
 
 
+async def test_a_batch_an_sqlite_error_rolls_back_leaves_no_seq_behind(database: SqliteDatabase) -> None:
+    """The writer thread remembers logs' rows between appends: a rolled-back batch must not advance them."""
+    log = SqliteEventLog(database, 100)
+    assert await log.append("t", [b"a"]) == 0
+    results = await asyncio.gather(
+        log.append("t", [b"lost", b"lost"]),
+        database.write(lambda connection: connection.execute("INSERT INTO no_such_table VALUES (1)")),
+        return_exceptions=True,
+    )
+    assert [type(result) for result in results] == [StoreUnavailable, StoreUnavailable]
+    assert await log.append("t", [b"b"]) == 1
+    assert [(e.seq, e.body) for e in await log.read("t", -1, 10)] == [(0, b"a"), (1, b"b")]
+    await log.close()
+
+
+async def test_the_next_seq_outlives_every_event_whatever_deletes_them(tmp_path: Path) -> None:
+    """Appends write only events; the age trim and delete keep the next seq in the log's row first."""
+    path = tmp_path / "gateway.db"
+    clock = Clock(1000.0)
+    tasks, log = open_stores(path, clock, max_events=100, max_event_age_s=10)
+    try:
+        await log.append("aged", [b"old"] * 3)
+        await log.append("buried", [b"x"] * 2)
+        clock.now += 20
+        assert await log.bounds("aged") == LogBounds(earliest=None, next_seq=3)  # all past their age
+        await log.delete("buried")
+    finally:
+        await close(tasks, log)
+    tasks, log = open_stores(path, clock, max_events=100, max_event_age_s=10)
+    try:
+        assert await log.bounds("aged") == LogBounds(earliest=None, next_seq=3)
+        assert await log.bounds("buried") == LogBounds(earliest=None, next_seq=2, sealed=True)
+        assert await log.append("aged", [b"new"]) == 3
+    finally:
+        await close(tasks, log)
+
+
 # ------------------------------------------------------------------------------------------ bad files
 
 
