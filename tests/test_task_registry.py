@@ -181,6 +181,7 @@ async def test_a_registry_started_on_the_stores_rebuilds_the_counts_the_budget_a
     assert after.kept_bytes == 3 * size
     with pytest.raises(TaskLimitReached):  # five live records: four ended, one running
         await after.create("a", "t", None, dialect=DIALECT)
+    assert len(after) == 5  # what mcp_gateway_tasks shows
     assert after.find(running.id) is None  # counted, not adopted: take-over is another step
 
     # The oldest ended kept result goes first: the one created first but ended last stays.

@@ -198,7 +198,8 @@ class TaskRegistry:
         self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        """The tasks this process holds: every live record it counts against `max_tasks_total`."""
+        return len(self._counted)
 
     async def create(
         self,
