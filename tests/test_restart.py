@@ -172,13 +172,13 @@ RESULT_BYTES = 126
 """What the record keeps of a `slow_build` result (`{"result": …}` with "built N steps", N one digit)."""
 
 
-async def kept_result_bytes(url: str) -> float:
-    """The gateway's `mcp_gateway_kept_result_bytes` gauge."""
+async def gauge(url: str, name: str) -> float:
+    """A gauge of the gateway's `/metrics`."""
     async with aiohttp.ClientSession() as http, http.get(url.removesuffix("/mcp") + "/metrics") as response:
         for line in (await response.text()).splitlines():
-            if line.startswith("mcp_gateway_kept_result_bytes "):
+            if line.startswith(name + " "):
                 return float(line.split()[1])
-    raise AssertionError("no mcp_gateway_kept_result_bytes in /metrics")
+    raise AssertionError(f"no {name} in /metrics")
 
 
 async def test_the_limits_the_results_budget_and_terminal_retention_count_what_ended_before_a_restart(
@@ -199,11 +199,12 @@ async def test_the_limits_the_results_budget_and_terminal_retention_count_what_e
             assert ended_last is not None and ended_first is not None
             await client.follow(ended_first, on_event=lambda _: None)
             await client.follow(ended_last, on_event=lambda _: None)
-        assert await kept_result_bytes(first.url) == 2 * RESULT_BYTES
+        assert await gauge(first.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
         await kill(first)
 
     async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as second:
-        assert await kept_result_bytes(second.url) == 2 * RESULT_BYTES
+        assert await gauge(second.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
+        assert await gauge(second.url, "mcp_gateway_tasks") == 2
         async with GatewayClient(second.url) as client:
             third = await client.start_task("slow_build", {"steps": 1, "delay": 0.01}, ttl_ms=60_000)
             assert third is not None
@@ -224,7 +225,7 @@ async def test_the_limits_the_results_budget_and_terminal_retention_count_what_e
                         break
                     await asyncio.sleep(0.25)
             after_retention = (await client.get_task(ended_last))["result"]
-        assert await kept_result_bytes(second.url) == 2 * RESULT_BYTES
+        assert await gauge(second.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
     assert evicted.value.data is not None and evicted.value.data["reason"] == "result_evicted"
     assert kept["result"]["content"] == [{"type": "text", "text": "built 3 steps"}]
     assert after_retention == bounds and after_retention["status"] == "completed"
