@@ -4,10 +4,11 @@ A task's log is one `logs` row (whether it is sealed, once deleted the time its 
 a `next_seq` written when events are deleted) and its retained events, rows `(task, seq, created,
 body)` keyed `(task, seq)`. The log's next seq is the larger of the row's `next_seq` and its last
 event's seq + 1: an append writes only its events (the newest event is never trimmed), and whatever
-deletes events writes `next_seq` first, so deleting them never resets a sequence. Retention is exactly the memory
-log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and age in the same
-transaction, and a read or `bounds` that meets an event older than the age first has it deleted, so
-no event past its age is ever handed out and none comes back when a wall clock steps back.
+deletes events writes `next_seq` first, so deleting them never resets a sequence. Retention is
+exactly the memory log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and
+age in the same transaction, and a read or `bounds` that meets an event older than the age first has
+it deleted, so no event past its age is ever handed out and none comes back when a wall clock steps
+back.
 
 Each log's state (`next_seq`, sealed, deleted, its earliest event) is kept in memory as the last
 committed write left it (this process is the file's only writer: `gateway.stores.sqlite` holds a lock),
@@ -258,7 +259,8 @@ class SqliteEventLog(EventLog):
             first = next_seq
             known = True  # whether the new earliest event is known without reading it back
             if rows:
-                created = last_created = clock if last_created is None else max(clock, last_created)  # never older
+                # Never older than the last event: `created` never decreases by seq.
+                created = last_created = clock if last_created is None else max(clock, last_created)
                 events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
                 if len(events) == 1:  # executemany costs about twice as much for one row
                     connection.execute(_INSERT_EVENT, events[0])
