@@ -260,6 +260,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
             auth.use_key(await stores.secret("principal_key"))
         await upstream.start()
         if leases is None:
+            await registry.rebuild()
             await take_over(registry, passthrough)
         sessions.start()
         registry.start()

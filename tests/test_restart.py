@@ -9,7 +9,11 @@ pass-through task), and clients on loopback. What must hold across the restart:
 * a completed task's `tasks/result` answers the same bytes before and after;
 * a pass-through task the upstream still runs is watched again: its timeline shows `capture.interrupted`
   and ends `completed`, and its result is the upstream's; for a 2025-11-25 task on its upstream session
-  (server-everything), and for a 2026-07-28 one (tests/servers/modern_tasks_server.py over HTTP).
+  (server-everything), and for a 2026-07-28 one (tests/servers/modern_tasks_server.py over HTTP);
+* the registry's bookkeeping is rebuilt from the file: the tasks that ended before the restart still
+  count towards `max_tasks_per_owner` and their results towards `results_budget_bytes` (the one that
+  ended first is evicted first), and their logs go `terminal_retention_s` after they ended while their
+  records answer until their TTL.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import orjson
 import pytest
 
 from gateway.client import GatewayClient
-from gateway.client.stream import JsonRpcError
+from gateway.client.stream import EventsGone, JsonRpcError
 from gateway.config import EventsConfig
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
 from tests.test_auth_api_key import KEY_A, KEY_B, TWO_KEYS, bearer
@@ -163,6 +167,70 @@ async def test_a_modern_pass_through_task_is_watched_again_by_its_upstream_id(tm
     assert "capture.interrupted" in kinds and kinds[-2:] == ["task.status", "task.terminal"], kinds
     assert rest[-2]["payload"]["status"] == "completed"
     assert task["taskId"] == task_id and task["status"] == "completed"
+
+
+RESULT_BYTES = 126
+"""What the record keeps of a `slow_build` result (`{"result": …}` with "built N steps", N one digit)."""
+
+
+async def gauge(url: str, name: str) -> float:
+    """A gauge of the gateway's `/metrics`."""
+    async with aiohttp.ClientSession() as http, http.get(url.removesuffix("/mcp") + "/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def test_the_limits_the_results_budget_and_terminal_retention_count_what_ended_before_a_restart(
+    tmp_path: Path,
+) -> None:
+    # Room for two results, not three; three tasks per caller; logs go 4 s after their task ends,
+    # records after a minute.
+    config = sqlite_config(tmp_path) + (
+        "[tasks]\nmax_tasks_per_owner = 3\n"
+        f"[retention]\nterminal_retention_s = 4\nresults_budget_bytes = {RESULT_BYTES * 5 // 2}\n"
+        f"max_result_bytes = {RESULT_BYTES * 5 // 2}\n"
+    )
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as first:
+        async with GatewayClient(first.url) as client:
+            # Created first, ended last: the budget evicts by the order tasks ended.
+            ended_last = await client.start_task("slow_build", {"steps": 3, "delay": 0.3}, ttl_ms=60_000)
+            ended_first = await client.start_task("slow_build", {"steps": 1, "delay": 0.01}, ttl_ms=60_000)
+            assert ended_last is not None and ended_first is not None
+            await client.follow(ended_first, on_event=lambda _: None)
+            await client.follow(ended_last, on_event=lambda _: None)
+        assert await gauge(first.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
+        await kill(first)
+
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as second:
+        assert await gauge(second.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
+        assert await gauge(second.url, "mcp_gateway_tasks") == 2
+        async with GatewayClient(second.url) as client:
+            third = await client.start_task("slow_build", {"steps": 1, "delay": 0.01}, ttl_ms=60_000)
+            assert third is not None
+            await client.follow(third, on_event=lambda _: None)
+            with pytest.raises(JsonRpcError, match="already holds 3 tasks"):
+                await client.start_task("slow_build", {"steps": 1, "delay": 0.01}, ttl_ms=60_000)
+            with pytest.raises(JsonRpcError) as evicted:
+                await client.request("tasks/result", {"taskId": ended_first})
+            kept = await client.request("tasks/result", {"taskId": ended_last})
+            # Its log goes 4 s after it ended (before the restart), long before its record's TTL.
+            bounds = (await client.get_task(ended_last))["result"]
+            async with asyncio.timeout(WAIT):
+                while True:
+                    try:
+                        await read_events(client, ended_last, 0, None)
+                    except EventsGone as gone:
+                        earliest = gone.earliest_seq
+                        break
+                    await asyncio.sleep(0.25)
+            after_retention = (await client.get_task(ended_last))["result"]
+        assert await gauge(second.url, "mcp_gateway_kept_result_bytes") == 2 * RESULT_BYTES
+    assert evicted.value.data is not None and evicted.value.data["reason"] == "result_evicted"
+    assert kept["result"]["content"] == [{"type": "text", "text": "built 3 steps"}]
+    assert after_retention == bounds and after_retention["status"] == "completed"
+    assert earliest is not None and earliest > 1  # the log's next seq: every event is gone
 
 
 async def test_a_caller_owns_its_tasks_after_a_restart_without_a_configured_principal_key(tmp_path: Path) -> None:

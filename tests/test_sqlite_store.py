@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import sqlite3
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from gateway.app import build_stores
 from gateway.cli import main
 from gateway.config import Config
 from gateway.events.log import LogBounds, LogSealed
-from gateway.stores.sqlite import SqliteDatabase, StoreUnavailable, Synchronous
+from gateway.stores.sqlite import SCHEMA, SCHEMA_VERSION, SqliteDatabase, StoreUnavailable, Synchronous
 from gateway.stores.sqlite_log import SqliteEventLog
 from gateway.stores.sqlite_tasks import SqliteTaskStore
 from gateway.tasks.records import TaskRecord, TaskStatus, UpstreamTaskRef
@@ -225,6 +226,43 @@ async def test_writes_of_one_tick_commit_together_and_each_refusal_stays_its_own
     await log.close()
 
 
+async def test_a_batch_an_sqlite_error_rolls_back_leaves_no_seq_behind(database: SqliteDatabase) -> None:
+    """The writer thread remembers logs' rows between appends: a rolled-back batch must not advance them."""
+    log = SqliteEventLog(database, 100)
+    assert await log.append("t", [b"a"]) == 0
+    results = await asyncio.gather(
+        log.append("t", [b"lost", b"lost"]),
+        database.write(lambda connection: connection.execute("INSERT INTO no_such_table VALUES (1)")),
+        return_exceptions=True,
+    )
+    assert [type(result) for result in results] == [StoreUnavailable, StoreUnavailable]
+    assert await log.append("t", [b"b"]) == 1
+    assert [(e.seq, e.body) for e in await log.read("t", -1, 10)] == [(0, b"a"), (1, b"b")]
+    await log.close()
+
+
+async def test_the_next_seq_outlives_every_event_whatever_deletes_them(tmp_path: Path) -> None:
+    """Appends write only events; the age trim and delete keep the next seq in the log's row first."""
+    path = tmp_path / "gateway.db"
+    clock = Clock(1000.0)
+    tasks, log = open_stores(path, clock, max_events=100, max_event_age_s=10)
+    try:
+        await log.append("aged", [b"old"] * 3)
+        await log.append("buried", [b"x"] * 2)
+        clock.now += 20
+        assert await log.bounds("aged") == LogBounds(earliest=None, next_seq=3)  # all past their age
+        await log.delete("buried")
+    finally:
+        await close(tasks, log)
+    tasks, log = open_stores(path, clock, max_events=100, max_event_age_s=10)
+    try:
+        assert await log.bounds("aged") == LogBounds(earliest=None, next_seq=3)
+        assert await log.bounds("buried") == LogBounds(earliest=None, next_seq=2, sealed=True)
+        assert await log.append("aged", [b"new"]) == 3
+    finally:
+        await close(tasks, log)
+
+
 # ------------------------------------------------------------------------------------------ bad files
 
 
@@ -316,6 +354,39 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         other.execute("PRAGMA user_version = 99")
     with pytest.raises(StoreUnavailable, match="schema version 99"):
         SqliteDatabase(path)
+
+
+async def test_a_file_of_schema_version_1_is_migrated_and_its_outcomes_count_as_kept(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    version_1 = re.sub(r"outcome BLOB,\n\s*outcome_replaced [^\n]*\n", "outcome BLOB\n", SCHEMA)
+    assert "outcome_replaced" not in version_1
+    made = TaskRecord(
+        "t1",
+        "alice",
+        "build",
+        "2025-11-25",
+        60_000,
+        1000,
+        "2026-12-01T12:00:00.000Z",
+        "2026-12-01T12:00:00.000Z",
+        2e9,
+        status=TaskStatus.COMPLETED,
+    )
+    with sqlite3.connect(path) as old:
+        old.executescript(f"{version_1} PRAGMA user_version = 1;")
+        old.execute(
+            "INSERT INTO tasks (id, owner, status, expires_at, next_seq, record, outcome) VALUES (?, ?, ?, ?, 0, ?, ?)",
+            ("t1", "alice", "completed", 2e9, orjson.dumps(made.to_dict()), b'{"result":{}}'),
+        )
+    store = SqliteTaskStore(SqliteDatabase(path), 1000)
+    try:
+        assert [(found.record, found.outcome_bytes) for found in await store.live()] == [(made, 13)]
+        assert await store.replace_outcome("t1", b'{"error":{}}')
+        assert [found.outcome_bytes for found in await store.live()] == [None]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as reopened:
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
 
 
 # ------------------------------------------------------------------------------------------ a real gateway

@@ -21,13 +21,19 @@ from gateway.tasks.registry import SUMMARY_LIMIT_BYTES, Task, TaskLimitReached, 
 DIALECT = Era.LEGACY.value
 
 
-def registry(record_events: bool = True, retention: dict[str, object] | None = None, **tasks: object) -> TaskRegistry:
+def registry(
+    record_events: bool = True,
+    retention: dict[str, object] | None = None,
+    *,
+    stores_of: TaskRegistry | None = None,
+    **tasks: object,
+) -> TaskRegistry:
+    """A registry on stores of its own, or (`stores_of`) on another registry's: a process started on them."""
     config = Config.model_validate({"tasks": tasks, "retention": retention or {}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    store = MemoryTaskStore(outcome_cap(config.retention))
-    return TaskRegistry(
-        config.tasks, config.retention, store, MemoryEventLog(100), capture, Metrics(), record_events=record_events
-    )
+    store = MemoryTaskStore(outcome_cap(config.retention)) if stores_of is None else stores_of.store
+    log = MemoryEventLog(100) if stores_of is None else stores_of.log
+    return TaskRegistry(config.tasks, config.retention, store, log, capture, Metrics(), record_events=record_events)
 
 
 async def log_bounds(tasks: TaskRegistry, task: Task) -> LogBounds:
@@ -156,6 +162,67 @@ async def test_the_results_budget_evicts_the_oldest_kept_results_first_and_logs_
     assert big.outcome == text_result(200)
     assert [task.outcome == text_result(100) for task in (second, third, fourth)] == [False, False, True]
     assert tasks.kept_bytes == size + result_bytes(200)
+
+
+async def test_a_registry_started_on_the_stores_rebuilds_the_counts_the_budget_and_log_expiry() -> None:
+    size = result_bytes(100)
+    retention = {"max_result_bytes": size, "results_budget_bytes": 3 * size, "terminal_retention_s": 3600}
+    before = registry(retention=retention, max_tasks_per_owner=5)
+    created_first = await before.create("a", "t", None, dialect=DIALECT)
+    evicted_before, ended_first, _ = [await ended(before, 100) for _ in range(3)]
+    await asyncio.sleep(0.01)  # the records say when each ended to the millisecond
+    # Evicts `evicted_before`: the error kept instead no longer counts, before or after the start.
+    await before.set_status(created_first, TaskStatus.COMPLETED, outcome=text_result(100))
+    running = await before.create("a", "t", None, dialect=DIALECT)
+    assert before.kept_bytes == 3 * size
+
+    after = registry(retention=retention, stores_of=before, max_tasks_per_owner=5)
+    await after.rebuild()
+    assert after.kept_bytes == 3 * size
+    with pytest.raises(TaskLimitReached):  # five live records: four ended, one running
+        await after.create("a", "t", None, dialect=DIALECT)
+    assert len(after) == 5  # what mcp_gateway_tasks shows
+    assert after.find(running.id) is None  # counted, not adopted: take-over is another step
+
+    # The oldest ended kept result goes first: the one created first but ended last stays.
+    newest = await after.create("b", "t", None, dialect=DIALECT)
+    await after.set_status(newest, TaskStatus.COMPLETED, outcome=text_result(100))
+    assert after.kept_bytes == 3 * size
+    outcomes = {task.id: await after.store.outcome(task.id) for task in (evicted_before, ended_first, created_first)}
+    evicted = [task_id for task_id, outcome in outcomes.items() if outcome != orjson.dumps(text_result(100))]
+    assert sorted(evicted) == sorted([evicted_before.id, ended_first.id])  # one before, one after the start
+    events = [orjson.loads(b"{" + event.body + b"}") for event in await after.log.read(ended_first.id, -1, 10)]
+    assert events[-1]["type"].endswith(".result.evicted") and events[-1]["payload"]["size"] == size
+
+
+async def test_the_logs_of_tasks_that_ended_before_the_start_go_after_terminal_retention() -> None:
+    before = registry(retention={"terminal_retention_s": 3600})
+    done = await ended(before, 10)
+    running = await before.create("a", "t", None, dialect=DIALECT)
+    kept = registry(retention={"terminal_retention_s": 3600}, stores_of=before)
+    await kept.rebuild()
+    await kept.sweep_once()
+    assert (await log_bounds(kept, done)).retained_from == 0  # within its retention: kept
+
+    after = registry(retention={"terminal_retention_s": 0}, stores_of=before)
+    await after.rebuild()
+    await after.sweep_once()
+    gone = await log_bounds(after, done)
+    assert gone.earliest is None and gone.next_seq == 3  # deleted: its tombstone keeps the next seq
+    assert (await log_bounds(after, running)).retained_from == 0  # still running: its log stays
+    assert await after.store.get("a", done.id) is not None  # the record lives until its TTL
+
+
+async def test_a_sweep_of_records_another_process_counted_leaves_this_ones_counts_alone() -> None:
+    other = registry(max_tasks_per_owner=2)
+    await other.create("a", "t", 50, dialect=DIALECT)  # a shared store: another replica's task
+    this = registry(stores_of=other, max_tasks_per_owner=2)
+    await this.create("a", "t", None, dialect=DIALECT)
+    await this.create("a", "t", None, dialect=DIALECT)
+    await asyncio.sleep(0.1)
+    await this.sweep_once()  # drops the other's expired record: none of this one's two
+    with pytest.raises(TaskLimitReached):
+        await this.create("a", "t", None, dialect=DIALECT)
 
 
 async def test_an_expired_task_gives_its_kept_result_back_to_the_budget() -> None:

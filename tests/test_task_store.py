@@ -301,6 +301,33 @@ async def test_unfinished_lists_every_owners_records_not_yet_terminal(store: Tas
     assert await store.unfinished() == []
 
 
+async def test_live_lists_every_record_with_the_size_of_the_outcome_it_kept_as_it_ended(store: TaskStore) -> None:
+    for task_id, owner in (("running", "alice"), ("done", "bob"), ("evicted", "alice"), ("failed", "bob")):
+        await store.create(record(task_id, owner=owner))
+    at = "2026-12-01T12:00:01.000Z"
+    result = b'{"result":{"content":[]}}'
+    await store.update_status("done", TaskStatus.WORKING, TaskStatus.COMPLETED, None, at, outcome=result)
+    await store.update_status("evicted", TaskStatus.WORKING, TaskStatus.COMPLETED, None, at, outcome=result)
+    assert await store.replace_outcome("evicted", b'{"error":{"code":-32603,"message":"evicted"}}')
+    await store.update_status("failed", TaskStatus.WORKING, TaskStatus.FAILED, "boom", at)  # keeps no outcome
+    await store.advance_next_seq("running", 4)
+    live = {found.record.id: found for found in await store.live()}
+    assert sorted(live) == ["done", "evicted", "failed", "running"]
+    assert {task_id: found.outcome_bytes for task_id, found in live.items()} == {
+        "running": None,
+        "done": len(result),
+        "evicted": None,  # replaced: the eviction's error is not the task's own outcome
+        "failed": None,
+    }
+    assert live["running"].record == replace(record("running"), next_seq=4)
+    assert live["done"].record.owner == "bob" and live["done"].record.status is TaskStatus.COMPLETED
+    await store.expire(NOW + 3600)
+    assert await store.live() == []
+    await store.create(record("evicted"))  # a new record under a replaced one's id keeps its own outcome
+    await store.update_status("evicted", TaskStatus.WORKING, TaskStatus.COMPLETED, None, at, outcome=result)
+    assert [found.outcome_bytes for found in await store.live()] == [len(result)]
+
+
 # ------------------------------------------------------------------------------------------ property tests
 
 OWNERS = ("alice", "bob")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.tasks.records import TaskRecord, TaskStatus
-from gateway.tasks.store import InvalidCursor, TaskExists, TaskPage, TaskStore
+from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["MemoryTaskStore"]
 
@@ -28,6 +28,8 @@ class MemoryTaskStore(TaskStore):
         self._owned: dict[str, dict[str, None]] = {}
         """Owner -> their task ids in creation order (a dict as an ordered set)."""
         self._outcomes: dict[str, bytes] = {}
+        self._replaced: set[str] = set()
+        """Tasks whose outcome `replace_outcome` replaced (`live` reports none kept for them)."""
         self._next_seqs: dict[str, int] = {}
         """Task id -> the log's next_seq as last advanced: kept apart, as appends advance it far more
         often than anyone reads a record, and written into the record on its next read."""
@@ -113,6 +115,7 @@ class MemoryTaskStore(TaskStore):
         if record is None or not record.terminal:
             return False
         self._outcomes[task_id] = outcome
+        self._replaced.add(task_id)
         return True
 
     async def advance_next_seq(self, task_id: str, next_seq: int) -> None:
@@ -123,11 +126,18 @@ class MemoryTaskStore(TaskStore):
     async def unfinished(self) -> list[TaskRecord]:
         return [self._current(record) for record in self._records.values() if not record.terminal]
 
+    async def live(self) -> list[LiveRecord]:
+        return [
+            LiveRecord(self._current(record), None if task_id in self._replaced else _size(self._outcomes.get(task_id)))
+            for task_id, record in self._records.items()
+        ]
+
     async def expire(self, now: float) -> list[TaskRecord]:
         expired = [self._current(record) for record in list(self._records.values()) if record.expires_at <= now]
         for record in expired:
             del self._records[record.id], self._numbers[record.id], self._next_seqs[record.id]
             self._outcomes.pop(record.id, None)
+            self._replaced.discard(record.id)
             owned = self._owned[record.owner]
             del owned[record.id]
             if not owned:
@@ -139,4 +149,9 @@ class MemoryTaskStore(TaskStore):
         self._numbers.clear()
         self._owned.clear()
         self._outcomes.clear()
+        self._replaced.clear()
         self._next_seqs.clear()
+
+
+def _size(outcome: bytes | None) -> int | None:
+    return None if outcome is None else len(outcome)

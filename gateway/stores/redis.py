@@ -49,7 +49,7 @@ from gateway.stores.redis_backend import (
 )
 from gateway.stores.redis_wakeups import SAFETY_POLL_S, UNAVAILABLE, WakeUps
 from gateway.tasks.records import TaskRecord, TaskStatus
-from gateway.tasks.store import InvalidCursor, TaskExists, TaskPage, TaskStore
+from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["RedisBackend", "RedisEventLog", "RedisTaskStore", "StoreUnreachable", "TaskGone", "WriterFenced"]
 
@@ -232,10 +232,25 @@ class RedisTaskStore(TaskStore):
         await self._backend.scripts.advance_next_seq(keys=[hash_key], args=[next_seq])
 
     async def unfinished(self) -> list[TaskRecord]:
-        # Every record is in the expiry set: a start-up scan reads them all, in pipelined batches.
+        return [live.record for live in await self.live() if not live.record.terminal]
+
+    async def live(self) -> list[LiveRecord]:
+        # Every record is in the expiry set: a start-up scan reads them all, in one pipeline.
         members = [member.decode() for member in await self._client.zrange(self._backend.keys.expiry, 0, -1)]
-        records = [found[1] for found in await self._read_many(members) if found is not None]
-        return [record for record in records if not record.terminal]
+        pipe = self._client.pipeline(transaction=False)
+        for task_id in members:
+            hash_key, _ = self._backend.keys.task(task_id)
+            pipe.hmget(hash_key, _OWNER_AND_RECORD)
+            pipe.hstrlen(hash_key, "outcome")
+            pipe.hexists(hash_key, "replaced")
+        replies = await pipe.execute()
+        live: list[LiveRecord] = []
+        for i in range(0, len(replies), 3):
+            values, outcome_bytes, replaced = replies[i : i + 3]
+            found = self._found(values)
+            if found is not None:
+                live.append(LiveRecord(found[1], None if replaced or not outcome_bytes else int(outcome_bytes)))
+        return live
 
     async def expire(self, now: float) -> list[TaskRecord]:
         expired: list[TaskRecord] = []

@@ -119,7 +119,7 @@ redis.call('HSET', hash, 'rec', ARGV[1], 'owner', ARGV[2], 'status', ARGV[3], 'u
   'rseq', ARGV[7], 'due', ARGV[8], 'epoch', '0', 'replica', ARGV[9], 'lease', lease)
 optional(hash, 'msg', ARGV[4])
 optional(hash, 'summary', ARGV[6])
-redis.call('HDEL', hash, 'outcome', 'until', 'cancel')
+redis.call('HDEL', hash, 'outcome', 'replaced', 'until', 'cancel')
 return lease
 """
 )
@@ -166,9 +166,9 @@ return record_of(hash)
 REPLACE_OUTCOME = (
     _COMMON
     + """
--- KEYS: task hash. ARGV: outcome.
+-- KEYS: task hash. ARGV: outcome. `replaced` marks it as no longer the task's own (an eviction's error).
 if not TERMINAL[redis.call('HGET', KEYS[1], 'status') or ''] then return 0 end
-redis.call('HSET', KEYS[1], 'outcome', ARGV[1])
+redis.call('HSET', KEYS[1], 'outcome', ARGV[1], 'replaced', '1')
 return 1
 """
 )
@@ -194,8 +194,8 @@ if fields[3] and tonumber(fields[3]) < due then due = tonumber(fields[3]) end
 if due > now then return false end
 local dropped = record_of(hash)
 table.insert(dropped, 1, fields[1])
-redis.call('HDEL', hash, 'rec', 'owner', 'status', 'msg', 'updated', 'summary', 'outcome', 'rseq', 'due', 'until',
-  'epoch', 'replica', 'lease', 'cancel')
+redis.call('HDEL', hash, 'rec', 'owner', 'status', 'msg', 'updated', 'summary', 'outcome', 'replaced', 'rseq',
+  'due', 'until', 'epoch', 'replica', 'lease', 'cancel')
 if redis.call('HGET', hash, 'log') ~= '1' then redis.call('DEL', hash) end
 return dropped
 """

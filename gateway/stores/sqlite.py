@@ -8,9 +8,11 @@ one host only, never a network filesystem; and one process per file, held by a l
 
 Nothing here blocks the event loop. Every write is a function run on the one writer connection, on a
 thread of its own: the writes a loop tick submits (and any that queue up while a commit runs) run in
-one transaction, committed once, and each caller's future resolves after the commit. A write function
-refuses (raises) before it changes anything; an SQLite error fails every write of its batch. Reads run
-on a small pool of threads, each with its own read-only connection, and see every committed write.
+one transaction, committed once, and each caller's future resolves after the commit (after the
+write's `on_commit`, which runs even if the caller stopped waiting). A write function refuses (raises)
+before it changes anything; an SQLite error fails every write of its batch (and runs the `on_rollback`
+hooks, for what a store keeps beside the file on the writer thread). Reads run on a small pool of
+threads, each with its own read-only connection, and see every committed write.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"
 T = TypeVar("T")
 Synchronous = Literal["normal", "full"]
 
-SCHEMA_VERSION = 1
-"""`PRAGMA user_version` of the files this code writes; a file with another (non-zero) one is refused."""
+SCHEMA_VERSION = 2
+"""`PRAGMA user_version` of the files this code writes; a file with a newer one is refused, an older one
+is brought up to date (`MIGRATIONS`) when opened."""
 
 READER_THREADS = 2
 """Read connections (one per thread): the machines this targets have a few cores."""
@@ -53,7 +56,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     next_seq INTEGER NOT NULL,
     epoch INTEGER NOT NULL DEFAULT 0,  -- the owner's fencing epoch, for a takeover after a restart
     record BLOB NOT NULL,  -- TaskRecord.to_dict() as JSON; status and next_seq above are authoritative
-    outcome BLOB
+    outcome BLOB,
+    outcome_replaced INTEGER NOT NULL DEFAULT 0  -- the outcome is an eviction's error, not the task's own
 );
 CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, number);
 CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at);
@@ -81,8 +85,11 @@ CREATE TABLE IF NOT EXISTS events (
 ) WITHOUT ROWID;
 """
 
+MIGRATIONS: dict[int, str] = {1: "ALTER TABLE tasks ADD COLUMN outcome_replaced INTEGER NOT NULL DEFAULT 0;"}
+"""From a file's schema version to the next: what brings it up to date (`SCHEMA` creates what is missing)."""
+
 Write = Callable[[sqlite3.Connection], Any]
-_Job = tuple[Write, "asyncio.Future[Any]"]
+_Job = tuple[Write, "asyncio.Future[Any]", Callable[[Any], None] | None]
 _Batch = tuple[asyncio.AbstractEventLoop, list[_Job]]
 
 
@@ -110,6 +117,7 @@ class SqliteDatabase:
         self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._pending: list[_Job] = []
         """Writes submitted during the current loop tick, handed to the writer at its end."""
+        self._rollback_hooks: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._write_batches, name=f"sqlite-writer:{self.path.name}", daemon=True)
         self._thread.start()
         self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix=f"sqlite-reader:{self.path.name}")
@@ -154,11 +162,13 @@ class SqliteDatabase:
                 raise StoreUnavailable(f"the SQLite store {where} cannot use WAL (journal mode {mode!r})")
             connection.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
             version = connection.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version > SCHEMA_VERSION:
                 raise StoreUnavailable(
                     f"the SQLite store {where} has schema version {version}; this gateway knows {SCHEMA_VERSION}"
                 )
-            connection.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+            # A new file (version 0) gets the whole SCHEMA; an older one its migrations first.
+            migrations = "".join(MIGRATIONS[old] for old in range(version, SCHEMA_VERSION)) if version else ""
+            connection.executescript(f"BEGIN; {migrations} {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
         except sqlite3.Error as exc:
             connection.close()
             raise StoreUnavailable(f"cannot use the SQLite store {where}: {_reason(exc)}") from None
@@ -198,16 +208,25 @@ class SqliteDatabase:
         """Run `job` on the writer connection in this tick's transaction; its result once committed."""
         return await self.submit(job)
 
-    def submit(self, job: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """`write` as a future, resolved once committed (or failed); cancelling it cancels no write."""
+    def submit(
+        self, job: Callable[[sqlite3.Connection], T], on_commit: Callable[[T], None] | None = None
+    ) -> asyncio.Future[T]:
+        """`write` as a future, resolved once committed (or failed); cancelling it cancels no write.
+        `on_commit` gets the job's result on the loop once committed, before the future resolves,
+        whether or not anyone still waits for it."""
         if self._closed:
             raise RuntimeError(f"the SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if not self._pending:
             loop.call_soon(self._submit)
-        self._pending.append((job, future))
+        self._pending.append((job, future, on_commit))
         return future
+
+    def on_rollback(self, hook: Callable[[], None]) -> None:
+        """Run `hook` on the writer thread after a batch is rolled back (an SQLite error): what a store
+        keeps of the file's state on that thread is then no longer true."""
+        self._rollback_hooks.append(hook)
 
     def _submit(self) -> None:
         if self._pending:
@@ -228,13 +247,13 @@ class SqliteDatabase:
                     stopping = True
                     break
                 batches.append(more)
-            results = self._transaction([job for _, jobs in batches for job, _ in jobs])
+            results = self._transaction([job for _, jobs in batches for job, _, _ in jobs])
             index = 0
             for loop, jobs in batches:
                 answered = results[index : index + len(jobs)]
                 index += len(jobs)
                 with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-                    loop.call_soon_threadsafe(_answer, [future for _, future in jobs], answered)
+                    loop.call_soon_threadsafe(_answer, jobs, answered)
 
     def _transaction(self, jobs: list[Write]) -> list[tuple[bool, Any]]:
         """Run `jobs` in one transaction: (True, result) or (False, exception) for each, in order."""
@@ -253,6 +272,8 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
+            for hook in self._rollback_hooks:
+                hook()
             failure = StoreUnavailable(f"the SQLite store {self.path} failed a write: {_reason(exc)}")
             return [(False, failure)] * len(jobs)
         return results
@@ -286,8 +307,10 @@ class SqliteDatabase:
         return query(connection)
 
 
-def _answer(futures: list[asyncio.Future[Any]], results: list[tuple[bool, Any]]) -> None:
-    for future, (ok, value) in zip(futures, results, strict=True):
+def _answer(jobs: list[_Job], results: list[tuple[bool, Any]]) -> None:
+    for (_, future, on_commit), (ok, value) in zip(jobs, results, strict=True):
+        if ok and on_commit is not None:
+            on_commit(value)
         if future.done():  # the caller was cancelled; its write happened all the same
             continue
         if ok:

@@ -1,16 +1,20 @@
 """The durable embedded `EventLog`: per-task event logs in the `logs` and `events` tables of a SQLite file.
 
-A task's log is one `logs` row (its `next_seq`, whether it is sealed, and once deleted the time its
-tombstone expires) and its retained events, rows `(task, seq, created, body)` keyed `(task, seq)`.
-The row outlives the events: deleting them never resets a sequence. Retention is exactly the memory
-log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and age in the same
-transaction, and a read or `bounds` that meets an event older than the age first has it deleted, so
-no event past its age is ever handed out and none comes back when a wall clock steps back.
+A task's log is one `logs` row (whether it is sealed, once deleted the time its tombstone expires, and
+a `next_seq` written when events are deleted) and its retained events, rows `(task, seq, created,
+body)` keyed `(task, seq)`. The log's next seq is the larger of the row's `next_seq` and its last
+event's seq + 1: an append writes only its events (the newest event is never trimmed), and whatever
+deletes events writes `next_seq` first, so deleting them never resets a sequence. Retention is
+exactly the memory log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and
+age in the same transaction, and a read or `bounds` that meets an event older than the age first has
+it deleted, so no event past its age is ever handed out and none comes back when a wall clock steps
+back.
 
 Each log's state (`next_seq`, sealed, deleted, its earliest event) is kept in memory as the last
 committed write left it (this process is the file's only writer: `gateway.stores.sqlite` holds a lock),
 so `bounds`, `wait` and a read with nothing after its cursor need no trip to a reader thread; a log not
-known yet is read once. One `SqliteEventLog` per database file.
+known yet is read once. The writer thread keeps the same for the writes it runs (the log's row as its
+transaction leaves it), so an append reads nothing. One `SqliteEventLog` per database file.
 
 `wait` wakes the waiters in this process when an append, seal, create or delete commits.
 """
@@ -38,15 +42,22 @@ from gateway.stores.sqlite import SqliteDatabase
 __all__ = ["SqliteEventLog"]
 
 
-_LOG_STATE = """
-SELECT next_seq, sealed, tombstone_until IS NOT NULL,
+_LAST_SEQ_PLUS_1 = "coalesce((SELECT seq FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1) + 1, 0)"
+
+_LOG_STATE = f"""
+SELECT max(next_seq, {_LAST_SEQ_PLUS_1}), sealed, tombstone_until IS NOT NULL,
     (SELECT seq FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
     (SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
     (SELECT created FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1)
 FROM logs WHERE task = ?1
 """
-"""A log in one statement (fewer steps, fewer hand-offs of the GIL): its row, its earliest event
-(seq, created) and the `created` of its last event."""
+"""A log in one statement (fewer steps, fewer hand-offs of the GIL): its next seq, sealed, deleted,
+its earliest event (seq, created) and the `created` of its last event: a `_Row`."""
+
+_KEEP_NEXT_SEQ = f"UPDATE logs SET next_seq = max(next_seq, {_LAST_SEQ_PLUS_1}) WHERE task = ?1"
+"""Write the log's next seq into its row: before anything deletes its last event."""
+
+_Row = tuple[int, int, int, int | None, float | None, float | None]
 
 KNOWN_LOGS = 10_000
 """How many logs' states a `SqliteEventLog` keeps in memory (oldest dropped first): a read of a known log's
@@ -64,7 +75,7 @@ class _LogState:
     head_created: float | None
 
     @classmethod
-    def of(cls, row: tuple[int, int, int, int | None, float | None, float | None] | None) -> _LogState | None:
+    def of(cls, row: _Row | None) -> _LogState | None:
         """From a `_LOG_STATE` row (None: the task has no log)."""
         if row is None:
             return None
@@ -79,9 +90,9 @@ class _LogState:
 _INSERT_EVENT = "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, ?)"
 
 
-_Done = bool | _LogState
-"""What a write job returns: whether it changed the log (whose state is then read afresh), or the
-state it changed the log into (when it knows it without another statement)."""
+_Done = bool | tuple[_Row]
+"""What a write job returns: whether it changed the log (whose state is then read afresh), or (in a
+1-tuple) the row it changed the log into (when it knows it without another statement)."""
 
 
 def _trim_job(task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], _Done]:
@@ -106,6 +117,7 @@ class _Waiters:
 
 def _drop_older_than(connection: sqlite3.Connection, task_id: str, cutoff: float) -> None:
     """Delete the task's events created before `cutoff`: a prefix, as `created` never decreases by seq."""
+    connection.execute(_KEEP_NEXT_SEQ, (task_id,))
     keep_from = None
     for seq, created in connection.execute("SELECT seq, created FROM events WHERE task = ? ORDER BY seq", (task_id,)):
         if created >= cutoff:
@@ -138,6 +150,10 @@ class SqliteEventLog(EventLog):
         self._waiters: dict[str, _Waiters] = {}
         self._known: dict[str, _LogState] = {}
         """Logs' states as last committed here (this process is the file's only writer), oldest first."""
+        self._rows: dict[str, _Row] = {}
+        """Writer thread only: logs' rows as the writes run so far leave them (committed, or in the
+        transaction under way), oldest first; forgotten when a batch is rolled back."""
+        database.on_rollback(self._rows.clear)
         self._commits = 0
         """Writes committed so far: a read that started before one may have seen an older state."""
         self._closed = False
@@ -168,19 +184,24 @@ class SqliteEventLog(EventLog):
                         "DELETE FROM logs WHERE tombstone_until <= ? RETURNING task", (expire_tombstones,)
                     )
                 ]
+                for task in expired:
+                    self._rows.pop(task, None)
             done = job(connection)
-            if isinstance(done, _LogState):
-                return True, done, expired
-            return done, _LogState.of(connection.execute(_LOG_STATE, (task_id,)).fetchone()), expired
+            if isinstance(done, tuple):
+                changed, row = True, done[0]
+            else:
+                changed, row = done, connection.execute(_LOG_STATE, (task_id,)).fetchone()
+            self._rows.pop(task_id, None)
+            if row is not None:
+                self._rows[task_id] = row
+                if len(self._rows) > KNOWN_LOGS:
+                    del self._rows[next(iter(self._rows))]
+            return changed, _LogState.of(row), expired
 
-        committed = self._db.submit(run)
-        committed.add_done_callback(functools.partial(self._committed, task_id))
-        await asyncio.shield(committed)
+        await self._db.submit(run, functools.partial(self._committed, task_id))
 
-    def _committed(self, task_id: str, committed: asyncio.Future[tuple[bool, _LogState | None, list[str]]]) -> None:
-        if committed.cancelled() or committed.exception() is not None:
-            return  # a refusal changed nothing; the caller (if still there) gets the exception
-        changed, state, expired = committed.result()
+    def _committed(self, task_id: str, done: tuple[bool, _LogState | None, list[str]]) -> None:
+        changed, state, expired = done
         self._commits += 1
         for task in expired:
             self._known.pop(task, None)
@@ -226,7 +247,7 @@ class SqliteEventLog(EventLog):
 
         def append(connection: sqlite3.Connection) -> _Done:
             nonlocal first
-            state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
+            state = self._rows.get(task_id) or connection.execute(_LOG_STATE, (task_id,)).fetchone()
             if state is None:
                 connection.execute("INSERT INTO logs (task) VALUES (?)", (task_id,))
                 state = (0, False, False, None, None, None)
@@ -238,7 +259,8 @@ class SqliteEventLog(EventLog):
             first = next_seq
             known = True  # whether the new earliest event is known without reading it back
             if rows:
-                created = clock if last_created is None else max(clock, last_created)  # never older than the last
+                # Never older than the last event: `created` never decreases by seq.
+                created = last_created = clock if last_created is None else max(clock, last_created)
                 events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
                 if len(events) == 1:  # executemany costs about twice as much for one row
                     connection.execute(_INSERT_EVENT, events[0])
@@ -259,13 +281,11 @@ class SqliteEventLog(EventLog):
                     known = False
             if not (rows or seal):
                 return False
-            connection.execute(
-                "UPDATE logs SET next_seq = ?, sealed = sealed OR ? WHERE task = ?",
-                (first + len(rows), seal, task_id),
-            )
+            if seal and not sealed:
+                connection.execute("UPDATE logs SET sealed = 1 WHERE task = ?", (task_id,))
             if not known:
                 return True
-            return _LogState(first + len(rows), bool(sealed) or seal, False, earliest, head_created)
+            return ((first + len(rows), bool(sealed) or seal, False, earliest, head_created, last_created),)
 
         await self._write(task_id, append)
         return first
@@ -345,8 +365,9 @@ class SqliteEventLog(EventLog):
 
         def delete(connection: sqlite3.Connection) -> bool:
             buried = connection.execute(
-                "UPDATE logs SET sealed = 1, tombstone_until = ? WHERE task = ? AND tombstone_until IS NULL",
-                (until, task_id),
+                f"UPDATE logs SET sealed = 1, tombstone_until = ?2, next_seq = max(next_seq, {_LAST_SEQ_PLUS_1})"
+                " WHERE task = ?1 AND tombstone_until IS NULL",
+                (task_id, until),
             )
             if buried.rowcount == 0:
                 return False

@@ -2,9 +2,9 @@
 
 One row per task: the record as JSON (`TaskRecord.to_dict`), with the columns the store queries or
 changes on its own beside it (owner, status, expiry, the log's `next_seq`) and the terminal outcome's
-bytes. The row's autoincrement `number` is the creation order: `list_owned`'s order and cursor, never
-reused, also across restarts. Compare-and-set updates are atomic because one writer runs them all
-(`gateway.stores.sqlite`).
+bytes (and whether an eviction replaced them). The row's autoincrement `number` is the creation
+order: `list_owned`'s order and cursor, never reused, also across restarts. Compare-and-set updates
+are atomic because one writer runs them all (`gateway.stores.sqlite`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import orjson
 
 from gateway.stores.sqlite import SqliteDatabase
 from gateway.tasks.records import TaskRecord, TaskStatus
-from gateway.tasks.store import InvalidCursor, TaskExists, TaskPage, TaskStore
+from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["SqliteTaskStore"]
 
@@ -132,7 +132,8 @@ class SqliteTaskStore(TaskStore):
 
         def update(connection: sqlite3.Connection) -> bool:
             changed = connection.execute(
-                "UPDATE tasks SET outcome = ? WHERE id = ? AND status IN (?, ?, ?)", (outcome, task_id, *terminal)
+                "UPDATE tasks SET outcome = ?, outcome_replaced = 1 WHERE id = ? AND status IN (?, ?, ?)",
+                (outcome, task_id, *terminal),
             )
             return changed.rowcount > 0
 
@@ -155,6 +156,16 @@ class SqliteTaskStore(TaskStore):
                 f"SELECT {_COLUMNS} FROM tasks WHERE status IN (?, ?) ORDER BY number", running
             ).fetchall()
             return [_record(row) for row in rows]
+
+        return await self._db.read(select)
+
+    async def live(self) -> list[LiveRecord]:
+        def select(connection: sqlite3.Connection) -> list[LiveRecord]:
+            rows = connection.execute(
+                f"SELECT {_COLUMNS}, CASE WHEN outcome_replaced THEN NULL ELSE length(outcome) END"
+                " FROM tasks ORDER BY number"
+            ).fetchall()
+            return [LiveRecord(_record(row[:3]), row[3]) for row in rows]
 
         return await self._db.read(select)
 

@@ -11,7 +11,9 @@ so no reader sees the new status without its events; a terminal outcome is kept 
 max_result_bytes`. All outcomes this process kept together stay within `results_budget_bytes`: the
 oldest are evicted first, each eviction recorded in its task's log. Tasks are dropped when their TTL
 runs out; their event logs `terminal_retention_s` after they end (whichever comes first), leaving the
-log's tombstone. The log trims itself per task (count and age).
+log's tombstone. The log trims itself per task (count and age). A process starting on a durable store
+rebuilds this bookkeeping from the store's live records (`rebuild`): the task counts, the kept
+outcomes in the order their tasks ended, and when each ended task's log goes.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -36,7 +39,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.records import RecordView, TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
-from gateway.tasks.store import TaskPage, TaskStore
+from gateway.tasks.store import LiveRecord, TaskPage, TaskStore
 
 log = logging.getLogger("gateway.tasks")
 
@@ -181,8 +184,13 @@ class TaskRegistry:
         self.capture = capture
         self._tasks: dict[str, Task] = {}
         """The tasks this process runs or watches, by id."""
+        self._counted: dict[str, str] = {}
+        """Every live record this process counts (created, taken over, or found at start), id -> owner:
+        `max_tasks_total` bounds them, and only these are uncounted when their record expires."""
         self._per_owner: collections.Counter[str] = collections.Counter()
+        """Owner -> how many of `_counted` are theirs (`max_tasks_per_owner`)."""
         self._log_expiry: dict[str, float] = {}
+        """Ended task id -> when (monotonic) its log is deleted."""
         self._kept: collections.OrderedDict[str, int] = collections.OrderedDict()
         """Tasks whose record keeps an outcome, in the order they ended, and each outcome's size (bytes)."""
         self.kept_bytes = 0
@@ -190,7 +198,8 @@ class TaskRegistry:
         self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        """The tasks this process holds: every live record it counts against `max_tasks_total`."""
+        return len(self._counted)
 
     async def create(
         self,
@@ -229,7 +238,7 @@ class TaskRegistry:
         await self.store.create(record)
         task = Task(record)
         self._tasks[task.id] = task
-        self._per_owner[owner] += 1
+        self._count(record)
         await self.log.create(task.id)
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
         lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
@@ -244,22 +253,53 @@ class TaskRegistry:
     def adopt(self, record: TaskRecord) -> Task:
         """A task another process left unfinished, now this process's (counted for its owner)."""
         task = self._tasks[record.id] = Task(record)
-        self._per_owner[task.owner] += 1
+        self._count(record)
         return task
 
     def release(self, task_id: str) -> Task | None:
         """Stop holding a task here without writing anything (another replica took it over)."""
         task = self._tasks.pop(task_id, None)
         if task is not None:
-            self._per_owner[task.owner] -= 1
+            self._uncount(task_id)
             self._log_expiry.pop(task_id, None)
             self._forget_outcome(task_id)
             task.settle_input()
         return task
 
+    async def rebuild(self) -> None:
+        """Count what a previous process on these stores left, as that process would have counted it:
+        every live record towards the task limits, the outcomes kept by ended tasks (oldest ended
+        first) towards the results budget, and each ended task's log to be deleted
+        `terminal_retention_s` after it ended. Once, before serving, on a store this process alone uses."""
+        ended: list[tuple[float, LiveRecord]] = []
+        for live in await self.store.live():
+            self._count(live.record)
+            if live.record.terminal:
+                ended.append((ended_at(live.record), live))
+        wall, monotonic = time.time(), time.monotonic()
+        evicted: list[tuple[str, int]] = []
+        for at, live in sorted(ended, key=lambda pair: pair[0]):
+            retention_left = at + self._retention.terminal_retention_s - wall
+            self._log_expiry[live.record.id] = monotonic + max(retention_left, 0.0)
+            if live.outcome_bytes is not None:
+                evicted += await self._keep(live.record.id, live.outcome_bytes)
+        await self._record_evictions(evicted)
+
+    def _count(self, record: TaskRecord) -> None:
+        if record.id not in self._counted:
+            self._counted[record.id] = record.owner
+            self._per_owner[record.owner] += 1
+
+    def _uncount(self, task_id: str) -> None:
+        owner = self._counted.pop(task_id, None)
+        if owner is not None:
+            self._per_owner[owner] -= 1
+            if not self._per_owner[owner]:
+                del self._per_owner[owner]
+
     def check_room(self, owner: str) -> None:
         """Raise TaskLimitReached unless `owner` may create one more task."""
-        if len(self._tasks) >= self._config.max_tasks_total:
+        if len(self._counted) >= self._config.max_tasks_total:
             raise TaskLimitReached(f"the gateway holds its maximum of {self._config.max_tasks_total} tasks", total=True)
         if self._per_owner[owner] >= self._config.max_tasks_per_owner:
             raise TaskLimitReached(f"the caller already holds {self._config.max_tasks_per_owner} tasks", total=False)
@@ -280,16 +320,19 @@ class TaskRegistry:
     async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
         """Append `events` to the task's log; dropped once the log is sealed (the task ended: the stream
         is over) or deleted, unless an `epilogue` (the gateway's note on an ended task's kept result)."""
+        await self._record(task.id, events, epilogue=epilogue)
+
+    async def _record(self, task_id: str, events: tuple[TaskEvent, ...], *, epilogue: bool) -> None:
         if not self._record_events:  # [events] enabled = false: nothing is kept
             return
         try:
-            await self._append(task, [self.capture.encode(event) for event in events], epilogue=epilogue)
+            await self._append(task_id, [self.capture.encode(event) for event in events], epilogue=epilogue)
         except LogSealed:
-            log.debug("event not recorded: the task's log is sealed", extra={"task": task.id})
+            log.debug("event not recorded: the task's log is sealed", extra={"task": task_id})
 
-    async def _append(self, task: Task, bodies: list[bytes], *, seal: bool = False, epilogue: bool = False) -> None:
-        first = await self.log.append(task.id, bodies, seal=seal, epilogue=epilogue)
-        await self.store.advance_next_seq(task.id, first + len(bodies))
+    async def _append(self, task_id: str, bodies: list[bytes], *, seal: bool = False, epilogue: bool = False) -> None:
+        first = await self.log.append(task_id, bodies, seal=seal, epilogue=epilogue)
+        await self.store.advance_next_seq(task_id, first + len(bodies))
 
     async def set_status(
         self,
@@ -318,7 +361,7 @@ class TaskRegistry:
         # reader sees the new status without its events, or the stream's end without the last event.
         bodies = [self.capture.encode(event) for event in events] if self._record_events else []
         with contextlib.suppress(LogSealed):  # retention deleted the log: the record still changes
-            await self._append(task, bodies, seal=status.terminal)
+            await self._append(task.id, bodies, seal=status.terminal)
         record = await self.store.update_status(
             task.id,
             task.status,
@@ -331,40 +374,47 @@ class TaskRegistry:
         if record is None:
             return False  # another writer changed the status first
         task.record = record
-        evicted: list[tuple[Task, int]] = []
+        evicted: list[tuple[str, int]] = []
         if summary is not None:  # terminal
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
             if encoded is not None:
                 if kept is not outcome:
                     self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
                 task.kept_outcome = encoded
-                evicted = await self._keep(task, len(encoded))
+                evicted = await self._keep(task.id, len(encoded))
             task.settle_input()
             self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
             task.done.set()
         if task.on_status is not None:
             await task.on_status(task)
-        budget = self._retention.results_budget_bytes
-        for victim, size in evicted:
-            await self.record(victim, self.capture.lifecycle("result.evicted", size=size, budget=budget), epilogue=True)
+        await self._record_evictions(evicted)
         return True
 
-    async def _keep(self, task: Task, size: int) -> list[tuple[Task, int]]:
-        """Count `task`'s kept outcome (`size` bytes) against the budget, first evicting the oldest
-        kept outcomes until it fits; the tasks evicted, with the bytes each gave up. The budget's
-        bookkeeping is done before the first await, so it is never seen half done."""
+    async def _record_evictions(self, evicted: list[tuple[str, int]]) -> None:
+        """Note in each evicted task's log that its result was evicted, and how large it was."""
         budget = self._retention.results_budget_bytes
-        evicted: list[tuple[Task, int]] = []
+        for victim_id, size in evicted:
+            evicted_event = self.capture.lifecycle("result.evicted", size=size, budget=budget)
+            await self._record(victim_id, (evicted_event,), epilogue=True)
+
+    async def _keep(self, task_id: str, size: int) -> list[tuple[str, int]]:
+        """Count the task's kept outcome (`size` bytes) against the budget, first evicting the oldest
+        kept outcomes until it fits; the ids of the tasks evicted, with the bytes each gave up. The
+        budget's bookkeeping is done before the first await, so it is never seen half done."""
+        budget = self._retention.results_budget_bytes
+        evicted: list[tuple[str, int]] = []
         replaced: list[tuple[str, bytes]] = []
         while self._kept and self.kept_bytes + size > budget:
             victim_id, victim_size = self._kept.popitem(last=False)
             self.kept_bytes -= victim_size
-            victim = self._tasks[victim_id]  # expiry forgets a task's kept outcome with the task
-            victim.kept_outcome = orjson.dumps(evicted_outcome(victim_size, budget))
-            evicted.append((victim, victim_size))
-            replaced.append((victim_id, victim.kept_outcome))
+            outcome = orjson.dumps(evicted_outcome(victim_size, budget))
+            victim = self._tasks.get(victim_id)  # None: a task that ended before this process started
+            if victim is not None:
+                victim.kept_outcome = outcome
+            evicted.append((victim_id, victim_size))
+            replaced.append((victim_id, outcome))
             self._metrics.results_dropped.labels(reason=RESULT_EVICTED).inc()
-        self._kept[task.id] = size
+        self._kept[task_id] = size
         self.kept_bytes += size
         self._metrics.kept_result_bytes.set(self.kept_bytes)
         for victim_id, outcome in replaced:
@@ -392,7 +442,8 @@ class TaskRegistry:
                 del self._log_expiry[task_id]
                 await self.log.delete(task_id)
         for record in await self.store.expire(time.time()):
-            self._per_owner[record.owner] -= 1
+            # A shared store hands over records other replicas created too: only ours were counted.
+            self._uncount(record.id)
             self._log_expiry.pop(record.id, None)
             self._forget_outcome(record.id)
             task = self._tasks.pop(record.id, None)
@@ -408,6 +459,16 @@ class TaskRegistry:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+
+
+def ended_at(record: TaskRecord) -> float:
+    """When a terminal record's task ended, in wall-clock seconds: its `last_updated_at` (for a task an
+    upstream hosts, the upstream's time); now if that is not an ISO 8601 time."""
+    try:
+        ended = datetime.fromisoformat(record.last_updated_at)
+    except ValueError:
+        return time.time()
+    return (ended if ended.tzinfo is not None else ended.replace(tzinfo=UTC)).timestamp()
 
 
 def bounded(outcome: Message, limit: int) -> tuple[Message, bytes]:

@@ -3,8 +3,10 @@
 Everything a second replica or a restarted process needs to answer `tasks/get`, `tasks/list`,
 `tasks/result` (for a terminal task) and `tasks/stream` goes through it: create, get by (owner, id),
 list by owner with a cursor, compare-and-set status updates, the terminal outcome (the canonical
-`{"result": …}` or `{"error": …}` JSON, within a size cap), the log's `next_seq`, and expiry. What
-only the running process holds (asyncio primitives, the upstream call) stays in the task registry.
+`{"result": …}` or `{"error": …}` JSON, within a size cap), the log's `next_seq`, and expiry; and for
+a process starting on a store, every live record with the size of its kept outcome (`live`), from which
+the registry rebuilds its task counts, results budget and terminal retention. What only the running
+process holds (asyncio primitives, the upstream call) stays in the task registry.
 
 Every operation is small enough to be written for memory, SQLite and Redis alike; one contract suite
 (`tests/test_task_store.py`) runs against every implementation (`gateway.stores`). This module must
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from gateway.tasks.records import TaskRecord, TaskStatus
 
-__all__ = ["InvalidCursor", "OutcomeTooLarge", "TaskExists", "TaskPage", "TaskStore"]
+__all__ = ["InvalidCursor", "LiveRecord", "OutcomeTooLarge", "TaskExists", "TaskPage", "TaskStore"]
 
 
 class TaskExists(Exception):
@@ -39,6 +41,16 @@ class TaskPage:
 
     records: list[TaskRecord]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRecord:
+    """A record as a starting process finds it, and the bytes of the outcome it keeps as the task ended."""
+
+    record: TaskRecord
+    outcome_bytes: int | None
+    """The size of the outcome stored with the terminal status; None when the record keeps none, or
+    when it was replaced since (`replace_outcome`: an eviction, which no longer counts)."""
 
 
 class TaskStore(ABC):
@@ -123,6 +135,12 @@ class TaskStore(ABC):
     async def unfinished(self) -> list[TaskRecord]:
         """Every record not yet terminal, any owner's, in no particular order: what a process starting on
         this store must take over (their runs died with the process that had them)."""
+
+    @abstractmethod
+    async def live(self) -> list[LiveRecord]:
+        """Every record not yet dropped by `expire`, any owner's, terminal or not, in no particular
+        order, each with the size of its kept outcome: what a process starting on this store counts (task
+        limits, the results budget, when ended tasks' logs go)."""
 
     @abstractmethod
     async def expire(self, now: float) -> list[TaskRecord]:
