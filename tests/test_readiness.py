@@ -104,6 +104,16 @@ def log_lines(gw: RunningGateway, needle: str) -> list[str]:
     return [line for line in gw.output if needle in line]
 
 
+async def logged(gw: RunningGateway, needle: str) -> list[str]:
+    """The gateway's log lines holding `needle`, once there is one: /readyz may show a change before its
+    log line has come through the gateway's output pipe."""
+    deadline = time.monotonic() + WAIT_S
+    while not (lines := log_lines(gw, needle)):
+        assert time.monotonic() < deadline, f"no log line with {needle!r}\n{gw.output_text()}"
+        await asyncio.sleep(0.05)
+    return lines
+
+
 async def test_unstartable_command_is_live_but_not_ready_until_it_starts(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -140,7 +150,7 @@ async def test_unstartable_command_is_live_but_not_ready_until_it_starts(
         script.write_text(WORKING)
         await readyz_until(http, gw, ready)
         assert gw.proc.returncode is None
-        assert len(log_lines(gw, "usable again")) == 1, gw.output_text()
+        assert len(await logged(gw, "usable again")) == 1, gw.output_text()
         async with Client(gw.url, mode="legacy", cache=None, read_timeout_seconds=60) as client:
             result = await client.call_tool("echo", {"text": "ready"})
         assert result.content[0].model_dump()["text"] == "ready"
@@ -160,7 +170,7 @@ async def test_a_ready_stdio_upstream_that_no_longer_starts_turns_unready(
         assert reply.status == 200 and "exited (code 1)" in reply.final["error"]["message"], reply.final
         body = await readyz_until(http, gw, unready)
         assert "upstream.sh: no config file found" in body["reason"], body
-        assert len(log_lines(gw, "not usable any more")) == 1, gw.output_text()
+        assert len(await logged(gw, "not usable any more")) == 1, gw.output_text()
 
 
 async def test_what_the_gateway_learns_from_the_upstream_waits_until_it_is_usable(
@@ -188,7 +198,7 @@ async def test_http_upstream_down_at_start_comes_up_then_goes_away(tmp_path: Pat
     async with start_gateway(upstream_url=f"http://127.0.0.1:{port}/mcp", config_text=config) as gw:
         body = await readyz_until(http, gw, unready)
         assert "upstream unreachable" in body["reason"] and str(port) not in body["reason"], body
-        (line,) = log_lines(gw, "not usable")
+        (line,) = await logged(gw, "not usable")
         assert f"http://127.0.0.1:{port}/mcp" in line, line
         # A client's error says the upstream is unreachable, never where it is.
         reply = await WireClient(http, gw.url, MODERN).request("tools/list")
