@@ -4,7 +4,8 @@ Two gateway processes (`python -m gateway serve`, the example server on stdio ea
 own `redis-server`. Each round starts replica A, creates a long hosted task on it (`ticker`), opens a
 `tasks/stream` reader on replica B, kills A with SIGKILL, and times until B's reader receives the
 `task.status` `failed` event (B took the task over once A's lease expired). Prints the median, min
-and max per lease TTL, beside the bound the docs give (TTL + one tick, TTL/3).
+and max per lease TTL, beside the bound the docs give (TTL + one tick, TTL/3), and how many rounds
+stalled (no `failed` on B within a minute: both replicas' logs of such a round go to stderr).
 
     python bench/redis_failover.py [--rounds 5] [--ttl 2 --ttl 5]
 
@@ -28,35 +29,41 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway.client import GatewayClient  # noqa: E402
-from tests.conftest import EXAMPLE_SERVER, start_gateway  # noqa: E402
+from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway  # noqa: E402
 from tests.redis_server import RedisServer, fresh_prefix  # noqa: E402
 
 WAIT = 60.0
 
 
-async def one_failover(config: str, b_url: str) -> float:
-    """Seconds from A's SIGKILL to `failed` read on B."""
+async def one_failover(config: str, b: RunningGateway) -> float | None:
+    """Seconds from A's SIGKILL to `failed` read on B; None if B's reader saw no `failed` within `WAIT`."""
+    b_from = len(b.output)
     async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as a, GatewayClient(a.url) as on_a:
         task_id = await on_a.start_task("ticker", {"rate": 20, "seconds": 600})
         assert task_id is not None
         killed = 0.0
-        async with GatewayClient(b_url) as on_b, asyncio.timeout(WAIT), on_b.stream(task_id) as stream:
-            async for event in stream:
-                if not killed and event["seq"] >= 3:
-                    a.proc.send_signal(signal.SIGKILL)
-                    killed = time.perf_counter()
-                if event["type"].endswith(".task.status") and event["payload"]["status"] == "failed":
-                    return time.perf_counter() - killed
+        try:
+            async with GatewayClient(b.url) as on_b, asyncio.timeout(WAIT), on_b.stream(task_id) as stream:
+                async for event in stream:
+                    if not killed and event["seq"] >= 3:
+                        a.proc.send_signal(signal.SIGKILL)
+                        killed = time.perf_counter()
+                    if event["type"].endswith(".task.status") and event["payload"]["status"] == "failed":
+                        return time.perf_counter() - killed
+        except TimeoutError:
+            print(f"task {task_id}: no `failed` on B within {WAIT:g} s; A's log:", *a.output, sep="\n", file=sys.stderr)
+            print("B's log in the round:", *b.output[b_from:], sep="\n", file=sys.stderr)
+            return None
         raise RuntimeError("the stream ended without the task failing")
 
 
-async def failovers(ttl: float, rounds: int) -> list[float]:
+async def failovers(ttl: float, rounds: int) -> list[float | None]:
     redis = RedisServer(Path(tempfile.mkdtemp(prefix="mtg-bench-failover-")))
     redis.start()
     try:
         config = redis.gateway_config(fresh_prefix(), ttl)
         async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as b:
-            return [await one_failover(config, b.url) for _ in range(rounds)]
+            return [await one_failover(config, b) for _ in range(rounds)]
     finally:
         redis.stop()
 
@@ -69,12 +76,16 @@ def main() -> None:
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
-    print("| lease TTL | bound (TTL + TTL/3) | failover median | min | max | rounds |\n|---|---|---|---|---|---|")
+    print(
+        "| lease TTL | bound (TTL + TTL/3) | failover median | min | max | rounds | stalled |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for ttl in args.ttl or [2.0]:
-        times = asyncio.run(failovers(ttl, args.rounds))
+        rounds = asyncio.run(failovers(ttl, args.rounds))
+        times = [seconds for seconds in rounds if seconds is not None] or [float("nan")]
         print(
             f"| {ttl:g} s | {ttl * 4 / 3:.2f} s | {statistics.median(times):.2f} s | {min(times):.2f} s "
-            f"| {max(times):.2f} s | {len(times)} |"
+            f"| {max(times):.2f} s | {len(rounds)} | {rounds.count(None)} |"
         )
 
 

@@ -13,11 +13,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gateway.config import Config
+from gateway.events.capture import Capture
+from gateway.metrics import Metrics
+from gateway.protocol.era import Era
 from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore, WriterFenced
 from gateway.stores.redis_leases import RedisLeases
+from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.lease_store import Claim, Renewal
+from gateway.tasks.leases import OwnerLeases
+from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.records import TaskStatus
+from gateway.tasks.registry import TaskRegistry
 from tests.redis_server import fresh_prefix, shared_redis_url
+from tests.test_takeover import ChildUpstream
 from tests.test_task_store import record
 
 TTL_S = 60.0
@@ -177,3 +186,32 @@ async def test_a_replica_that_gives_up_its_leases_has_its_tasks_claimed_at_once(
     assert a.leases.leased() == []
     assert await b.leases.claim_expired() == [Claim("running", cancel_requested=False)]
     assert await b.tasks.epoch("running") == 1
+
+
+async def test_a_tick_while_a_task_is_created_keeps_its_lease(replicas: tuple[Replica, Replica]) -> None:
+    """A lease tick at the moment the store comes to hold a new task: the registry must know the task
+    by the tick's next step, or the tick takes it for ended and releases its lease, which is then never
+    renewed, nor claimed if the release came after the lease set entry (the task is never failed when
+    its owner dies: a failover that never comes, as once in bench/redis_failover.py)."""
+    a, _ = replicas
+    config, metrics = Config(), Metrics()
+    capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    registry = TaskRegistry(config.tasks, config.retention, a.tasks, a.log, capture, metrics)
+    hosted = HostedTasks(registry, config.tasks, config.retention, True)
+    leases = OwnerLeases(a.leases, registry, hosted, Passthrough(registry, ChildUpstream(), config.tasks, metrics))
+    held = a.backend.on_held
+    assert held is not None
+    ticks: list[asyncio.Task[None]] = []
+
+    def hold_then_tick(task_id: str) -> None:
+        held(task_id)
+        ticks.append(asyncio.create_task(leases.tick()))  # runs at the creating coroutine's next await
+
+    a.backend.on_held = hold_then_tick
+    task = await registry.create("alice", "build", None, dialect=Era.LEGACY.value)
+    async with asyncio.timeout(30):
+        await asyncio.gather(*ticks)
+    assert len(ticks) == 1
+    assert a.leases.leased() == [task.id] and a.backend.held[task.id] == 0  # renewed, not released
+    lease = await a.backend.client.hget(a.backend.keys.task(task.id)[0], "lease")
+    assert await a.backend.client.zscore(a.backend.keys.leases, task.id) == int(lease)  # what scans find

@@ -117,13 +117,16 @@ class RedisTaskStore(TaskStore):
         lease = await self._backend.scripts.create_record(keys=[hash_key], args=args)
         if not lease:
             raise TaskExists(f"a task with id {record.id!r} exists")
-        self._backend.hold(record.id, 0)  # this replica runs (or watches) the task it creates
         index, counter = self._backend.keys.owned(record.owner)
         await self._backend.scripts.index_owned(keys=[index, counter], args=[record.id])
         pipe = self._client.pipeline(transaction=False)
         pipe.zadd(self._backend.keys.expiry, {record.id: record.expires_at})
         pipe.zadd(self._backend.keys.leases, {record.id: int(lease)})
         await pipe.execute()
+        # Held (leased) only now, after the last await: the registry knows the task before the lease
+        # loop can see it. A tick between the two would take it for ended and release its lease, which
+        # nobody would renew or claim again: the task would outlive its replica, never failed.
+        self._backend.hold(record.id, 0)  # this replica runs (or watches) the task it creates
 
     async def _read(self, task_id: str) -> tuple[str, TaskRecord] | None:
         """The task's owner and record, unless it has none (or its terminal retention is over)."""

@@ -285,7 +285,9 @@ class RedisBackend:
         """The epoch this replica writes each task it created or claimed with (FENCED_EPOCH once another
         replica took it over): its appends and status updates are refused unless the task is still at it."""
         self.on_held: Callable[[str], None] | None = None
-        """Told when this replica comes to hold a task (creates or claims it): what it leases."""
+        """Told when this replica comes to hold a task (creates or claims it): what it leases. Told after
+        the last await of the create or claim, so that the caller knows the task (its registry) before
+        a lease tick can see it: a tick releases the leases of tasks the registry does not know."""
         self.on_fenced: Callable[[str], None] | None = None
         """Told (once per task) when a write of this replica was fenced: the task is another's now."""
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS))

@@ -236,6 +236,8 @@ class TaskRegistry:
             upstream=upstream,
         )
         await self.store.create(record)
+        # Known here before the next await: a shared store leases the task as `create` returns, and a
+        # lease tick releases the leases of tasks the registry does not know.
         task = Task(record)
         self._tasks[task.id] = task
         self._count(record)
