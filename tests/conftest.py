@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,21 +206,28 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
+async def listening_process(argv: Callable[[int], list[str]], log: Path) -> AsyncIterator[int]:
+    """The process `argv(port)` for a free loopback port, its output in `log`, until the block exits;
+    yields the port once the process listens on it."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *argv(port), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True
+        )
+    try:
+        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
+        yield port
+    finally:
+        await stop_process(proc)
+
+
+@contextlib.asynccontextmanager
 async def serve_http(command: list[str], *args: str, log: Path, port_option: str = "--http") -> AsyncIterator[str]:
     """A test MCP server, `command --http PORT *args`, on a free loopback port until the block exits;
     yields its URL (`/mcp`). Its output goes to `log`. `port_option` is the option that takes the port
     (`--port` for examples/native_stream_server.py)."""
-    port = free_port()
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *command, port_option, str(port), *args,
-            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        await wait_for_port("127.0.0.1", port, READY_TIMEOUT)
+    async with listening_process(lambda port: [*command, port_option, str(port), *args], log) as port:
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        await stop_process(proc)
 
 
 @contextlib.asynccontextmanager

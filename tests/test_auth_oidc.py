@@ -33,16 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
-from tests.conftest import (
-    EXAMPLE_SERVER,
-    READY_TIMEOUT,
-    ROOT,
-    RunningGateway,
-    free_port,
-    start_gateway,
-    stop_process,
-    wait_for_port,
-)
+from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, free_port, listening_process, start_gateway
 from tests.test_http_upstream import scripted
 from tests.wire import MODERN
 from tests.wire import Client as WireClient
@@ -86,17 +77,12 @@ class Setup:
 @contextlib.asynccontextmanager
 async def authorization_server(log: Path, resource: str, token_format: str) -> AsyncIterator[str]:
     """oidc-provider on a free port, issuing `token_format` tokens for `resource`; yields its issuer."""
-    as_port = free_port()
-    with log.open("wb") as out:
-        provider = await asyncio.create_subprocess_exec(
-            "node", str(PROVIDER), str(as_port), resource, CLIENT_ID, CLIENT_SECRET, token_format,
-            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
-    try:
-        await wait_for_port("127.0.0.1", as_port, READY_TIMEOUT)
+
+    def argv(port: int) -> list[str]:
+        return ["node", str(PROVIDER), str(port), resource, CLIENT_ID, CLIENT_SECRET, token_format]
+
+    async with listening_process(argv, log) as as_port:
         yield f"http://127.0.0.1:{as_port}"
-    finally:
-        await stop_process(provider)
 
 
 @contextlib.asynccontextmanager
