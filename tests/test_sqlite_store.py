@@ -263,6 +263,28 @@ async def test_the_next_seq_outlives_every_event_whatever_deletes_them(tmp_path:
         await close(tasks, log)
 
 
+async def test_a_read_hands_out_nothing_past_the_bounds_the_loop_knows(tmp_path: Path) -> None:
+    """A reader thread sees an append as soon as it commits; the loop learns of it a moment later (the
+    commit's callback). Held back here: reads stop at the known next seq, so a stream's cursor is never
+    one that `bounds` (tasks/stream's `after` check) would call beyond the task's events."""
+    tasks, log = open_stores(tmp_path / "gateway.db", Clock(1000.0), max_events=100)
+    try:
+        await log.append("t", [b"a", b"b"])
+        held: list[tuple[str, object]] = []
+        committed = log._committed
+        log._committed = lambda task_id, done: held.append((task_id, done))  # type: ignore[method-assign]
+        await log.append("t", [b"c"])  # committed in the file; its callback not run yet
+        assert [event.seq for event in await log.read("t", -1, 10)] == [0, 1]
+        assert await log.bounds("t") == LogBounds(earliest=0, next_seq=2)
+        log._committed = committed  # type: ignore[method-assign]
+        for task_id, done in held:
+            committed(task_id, done)  # type: ignore[arg-type]
+        assert [event.body for event in await log.read("t", 1, 10)] == [b"c"]
+        assert await log.bounds("t") == LogBounds(earliest=0, next_seq=3)
+    finally:
+        await close(tasks, log)
+
+
 # ------------------------------------------------------------------------------------------ bad files
 
 

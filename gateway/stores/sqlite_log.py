@@ -319,11 +319,14 @@ class SqliteEventLog(EventLog):
         state = await self._state(task_id)
         if state is None or state.earliest is None or state.next_seq <= after + 1:
             return []
+        # Up to the state known on the loop, never past it: a reader thread sees a write as soon as it
+        # commits, the loop only once its callback ran; a cursor past `bounds` would be refused.
+        stop = state.next_seq
 
         def select(connection: sqlite3.Connection) -> list[StoredEvent]:
             rows = connection.execute(
-                "SELECT seq, created, body FROM events WHERE task = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (task_id, after, limit),
+                "SELECT seq, created, body FROM events WHERE task = ? AND seq > ? AND seq < ? ORDER BY seq LIMIT ?",
+                (task_id, after, stop, limit),
             )
             return [StoredEvent(seq, created, body) for seq, created, body in rows]
 
