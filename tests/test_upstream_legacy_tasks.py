@@ -154,3 +154,31 @@ async def test_fail_job_and_cancel_end_the_log(client: Client, upstream: Upstrea
     error = {"code": -32603, "message": f"Task {cancelled.partition('.')[2]} was cancelled"}
     assert kind(events[-1]) == "task.terminal" and events[-1]["payload"] == {"status": "cancelled", "error": error}
     assert (await client.request("tasks/result", {"taskId": cancelled})).final["error"] == error
+
+
+async def test_an_end_a_forwarded_answer_told_of_is_in_the_records_before_that_answer_arrives(
+    http: aiohttp.ClientSession,
+) -> None:
+    """The upstream answers tasks/result half a second late, so the outcome the gateway fetches when it
+    learns of an end arrives well after the client's own forwarded answer did. The client's next request,
+    a tasks/list answered from the gateway's records, must not show the task still working: neither after
+    a forwarded tasks/result nor after a forwarded tasks/get that showed the end."""
+    slow_results = [*SERVER, "--no-status", "--result-delay", "0.5"]
+    async with start_gateway(upstream_cmd=slow_results) as gateway, asyncio.timeout(WAIT):
+        client = Client(http, gateway.url, LEGACY)
+        await client.initialize()
+
+        async def listed(task_id: str) -> str:
+            tasks = (await client.result("tasks/list"))["tasks"]
+            status: str = next(task["status"] for task in tasks if task["taskId"] == task_id)
+            return status
+
+        after_result = await start(client, "slow_job", {"steps": 1, "delay": 0.05})
+        result = await client.result("tasks/result", {"taskId": after_result})
+        assert result["content"] == [{"type": "text", "text": "done after 1 steps"}], result
+        assert await listed(after_result) == "completed"
+
+        after_get = await start(client, "slow_job", {"steps": 1, "delay": 0.05})
+        assert (await wait_terminal(client, after_get))["status"] == "completed"
+        assert await listed(after_get) == "completed"
+        await client.delete()

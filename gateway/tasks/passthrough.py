@@ -102,6 +102,8 @@ class UpstreamTask:
     """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
     ending: bool = False
     """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
+    told_ended: bool = False
+    """A forwarded answer told a client the task ended (a terminal view, a tasks/result answer)."""
     listening: bool = False
     """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
 
@@ -247,7 +249,9 @@ class Passthrough:
                 await self.registry.record(task, event)
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
+            ref.told_ended = ref.told_ended or ref.ending
         elif method == "tasks/result" and not task.terminal:
+            ref.told_ended = True
             ref.wake.set()  # the upstream says it ended: learn how with a tasks/get now
 
     async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
@@ -290,6 +294,19 @@ class Passthrough:
                     await self._record_lifecycle(
                         task, "input.requested", key=key, method=method_of(request), **summarize_request(request)
                     )
+
+    async def caught_up(self, task: Task) -> None:
+        """Return once the record shows the end a forwarded answer about `task` just told of (or after
+        ASK_TIMEOUT_S), so the client's next request, answered from the records (tasks/list, a later
+        session, another replica), never contradicts that answer.
+
+        2025-11-25 only: there the watcher asks on the session's channel, beside the forwarded request.
+        A 2026-07-28 view that tells an end inlines the outcome (the tap made the record terminal
+        already); one that leaves it out is fetched on the pooled process the forwarded request holds
+        until its answer is written, so waiting there would stall both."""
+        ref: UpstreamTask = task.upstream
+        if ref.era is Era.LEGACY and ref.told_ended and not task.terminal:
+            await wait_any((task.done,), ASK_TIMEOUT_S)
 
     async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
         await self.registry.record(task, self.registry.capture.lifecycle(name, **payload))

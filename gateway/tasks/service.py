@@ -147,6 +147,7 @@ class TaskService:
             # client gets the -32601 of a method SEP-2663 removed, whatever the upstream would answer.
             return await self._task_method(call)
         answer_route: ResponseRoute | None = None
+        task: Task | None = None
         streaming = call.method == "tasks/stream"
         if streaming:
             call.caller.dialect.check_tasks_declared(call.message)
@@ -178,7 +179,18 @@ class TaskService:
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
         transform = self._transform_for(call, hosting=False)
+        if task is not None and not streaming:
+            transform = self._catching_up(task)
         return self._forward(call, channel, transform, answer_route=answer_route, cancel_when_gone=streaming)
+
+    def _catching_up(self, task: Task) -> Transform:
+        """A forwarded answer about a pass-through task, written once its record shows what it says."""
+
+        async def caught_up(final: Message) -> Message:
+            await self._passthrough.caught_up(task)
+            return final
+
+        return caught_up
 
     def _answering(self, channel: UpstreamChannel) -> ResponseRoute:
         async def answer(message: Message, headers: Mapping[str, str]) -> None:

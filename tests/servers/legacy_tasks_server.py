@@ -3,7 +3,7 @@ clients that negotiated 2025-11-25 in ``initialize``, as an upstream for the gat
 
 Usage::
 
-    python tests/servers/legacy_tasks_server.py [--http PORT] [--no-status] [--poll-interval MS]
+    python tests/servers/legacy_tasks_server.py [--http PORT] [--no-status] [--poll-interval MS] [--result-delay S]
 
 stdio without ``--http``; otherwise Streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (handshake era: ``initialize``
 opens a session, ``Mcp-Session-Id`` names it, a GET opens its standalone stream).
@@ -30,7 +30,8 @@ tool runs synchronously, and so does every call of a 2026-07-28 client (for whic
 * ``tasks/get {taskId}`` -> the flat Task; ``tasks/list`` -> ``{"tasks": [...]}`` (the tasks this session created);
 * ``tasks/result {taskId}`` blocks until the task is terminal, then answers exactly what the tools/call would
   have (its ``CallToolResult``, or its JSON-RPC error), with ``_meta["io.modelcontextprotocol/related-task"]``;
-  a cancelled task's is -32603 ``Task <id> was cancelled``;
+  a cancelled task's is -32603 ``Task <id> was cancelled``; ``--result-delay S`` answers S seconds later still
+  (a slow result store: it widens the moment a client knows of an end its gateway has yet to record);
 * ``tasks/cancel {taskId}`` stops the job and answers the flat Task (``cancelled``); a terminal task is -32602;
 * an unknown taskId is -32602 everywhere.
 
@@ -208,7 +209,8 @@ def _requested_ttl(task: Any) -> int:
 class LegacyTasks(Extension):
     identifier = IDENTIFIER
 
-    def __init__(self, *, push: bool, poll_interval_ms: int) -> None:
+    def __init__(self, *, push: bool, poll_interval_ms: int, result_delay_s: float) -> None:
+        self.result_delay_s = result_delay_s
         self.push = push
         self.poll_interval_ms = poll_interval_ms
         self.tasks: dict[str, Task] = {}
@@ -310,6 +312,7 @@ class LegacyTasks(Extension):
     async def result(self, ctx: ServerRequestContext[Any, Any], params: TaskRef) -> dict[str, Any]:
         task = self._task(params)
         await task.done.wait()
+        await anyio.sleep(self.result_delay_s)
         if task.status == "cancelled":
             raise MCPError(INTERNAL_ERROR, f"Task {task.task_id} was cancelled")
         if task.error is not None:
@@ -374,8 +377,8 @@ async def fail_job() -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text="fail_job failed on purpose")], is_error=True)
 
 
-def build_server(*, push: bool = True, poll_interval_ms: int = 200) -> MCPServer[None]:
-    tasks = LegacyTasks(push=push, poll_interval_ms=poll_interval_ms)
+def build_server(*, push: bool = True, poll_interval_ms: int = 200, result_delay_s: float = 0.0) -> MCPServer[None]:
+    tasks = LegacyTasks(push=push, poll_interval_ms=poll_interval_ms, result_delay_s=result_delay_s)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[None]) -> AsyncIterator[None]:
@@ -408,8 +411,11 @@ def main() -> None:
     parser.add_argument("--http", type=int, metavar="PORT", help="serve Streamable HTTP on 127.0.0.1:PORT/mcp")
     parser.add_argument("--no-status", action="store_true", help="never send notifications/tasks/status")
     parser.add_argument("--poll-interval", type=int, default=200, metavar="MS", help="pollInterval (default 200)")
+    parser.add_argument("--result-delay", type=float, default=0.0, metavar="S", help="answer tasks/result S s late")
     args = parser.parse_args()
-    server = build_server(push=not args.no_status, poll_interval_ms=args.poll_interval)
+    server = build_server(
+        push=not args.no_status, poll_interval_ms=args.poll_interval, result_delay_s=args.result_delay
+    )
     if args.http is None:
         server.run("stdio")
     else:
