@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.client.commands import parse_arguments
 from gateway.client.headers import BadHeader, parse_headers, request_headers
+from gateway.client.tail import UsageError
 from gateway.conformance.checks import Target, run_era
 from gateway.conformance.registry import ERAS, Era, Result
 from gateway.conformance.report import as_json, counts, junit, table
@@ -19,22 +21,6 @@ DEFAULT_TOOL = "slow_build"
 DEFAULT_ARGUMENTS: dict[str, Any] = {"steps": 6, "delay": 0.25}
 """For examples/build_server.py: 1.5 s of work, 15 events; long enough that a 2026-07-28 gateway with
 its default 1 s `after_ms` makes it a task."""
-
-
-class UsageError(ValueError):
-    """A bad option; the message says which and why."""
-
-
-def parse_arguments(text: str | None) -> dict[str, Any]:
-    if text is None:
-        return dict(DEFAULT_ARGUMENTS)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--args is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise UsageError("--args must be a JSON object")
-    return value
 
 
 async def run(target: Target, eras: Sequence[Era]) -> list[Result]:
@@ -61,7 +47,7 @@ def main(
         target = Target(
             url=url,
             tool=tool or DEFAULT_TOOL,
-            arguments=parse_arguments(args_json) if tool is None or args_json is not None else {},
+            arguments=dict(DEFAULT_ARGUMENTS) if tool is None and args_json is None else parse_arguments(args_json),
             headers=request_headers(headers),
             other_headers=None if other_headers is None else parse_headers(other_headers, "--other-header"),
             timeout=timeout,
