@@ -16,7 +16,7 @@ import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -281,6 +281,51 @@ async def test_a_read_hands_out_nothing_past_the_bounds_the_loop_knows(tmp_path:
             committed(task_id, done)  # type: ignore[arg-type]
         assert [event.body for event in await log.read("t", 1, 10)] == [b"c"]
         assert await log.bounds("t") == LogBounds(earliest=0, next_seq=3)
+    finally:
+        await close(tasks, log)
+
+
+def counting_reads(tasks: SqliteTaskStore) -> list[int]:
+    """Count the store's trips to a reader thread from now on (in the one-element list returned)."""
+    reads = [0]
+    read = tasks._db.read
+
+    async def counted(query: Callable[[sqlite3.Connection], T]) -> T:
+        reads[0] += 1
+        return await read(query)
+
+    tasks._db.read = counted  # type: ignore[method-assign]
+    return reads
+
+
+async def test_records_known_since_their_last_write_are_read_without_a_reader_thread(tmp_path: Path) -> None:
+    """tasks/get, tasks/stream and tasks/result look a record up first: for a task this process wrote,
+    that is no trip to a reader thread. What is remembered is what the last commit left (a refused
+    compare-and-set, an append's next seq, an expiry), and a record found in the file is read once."""
+    path = tmp_path / "gateway.db"
+    tasks, log = open_stores(path, Clock(1000.0))
+    try:
+        reads = counting_reads(tasks)
+        await tasks.create(record("t1"))
+        await tasks.create(replace(record("t2"), expires_at=4_000_000_000.0))
+        assert await tasks.get("alice", "t1") == record("t1") and reads == [0]
+        completed = await tasks.update_status("t1", TaskStatus.WORKING, TaskStatus.COMPLETED, "done", "later")
+        assert completed is not None
+        assert await tasks.update_status("t1", TaskStatus.WORKING, TaskStatus.FAILED, None, "later") is None
+        await tasks.advance_next_seq("t1", 7)
+        assert await tasks.get("alice", "t1") == replace(completed, next_seq=7)
+        assert await tasks.get("bob", "t1") is None
+        assert reads == [0]
+        assert await tasks.expire(3_000_000_000.0) == [replace(completed, next_seq=7)]
+        assert await tasks.get("alice", "t1") is None
+    finally:
+        await close(tasks, log)
+    tasks, log = open_stores(path, Clock(1000.0))  # a restart: nothing known yet
+    try:
+        reads = counting_reads(tasks)
+        expected = replace(record("t2"), expires_at=4_000_000_000.0)
+        assert await tasks.get("alice", "t2") == expected and reads == [1]
+        assert await tasks.get("alice", "t2") == expected and reads == [1]
     finally:
         await close(tasks, log)
 

@@ -5,6 +5,10 @@ changes on its own beside it (owner, status, expiry, the log's `next_seq`) and t
 bytes (and whether an eviction replaced them). The row's autoincrement `number` is the creation
 order: `list_owned`'s order and cursor, never reused, also across restarts. Compare-and-set updates
 are atomic because one writer runs them all (`gateway.stores.sqlite`).
+
+Records are also kept in memory as the last committed write left them (this process is the file's
+only writer), so `get` of a known task (every tasks/get, tasks/stream and tasks/result) costs no trip
+to a reader thread; a record not known yet is read once.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["SqliteTaskStore"]
+
+KNOWN_RECORDS = 10_000
+"""How many records a `SqliteTaskStore` keeps in memory (the longest remembered dropped first)."""
 
 _COLUMNS = "record, status, next_seq"
 """What a record is read back from (`_record`)."""
@@ -35,6 +42,23 @@ class SqliteTaskStore(TaskStore):
     def __init__(self, database: SqliteDatabase, max_outcome_bytes: int) -> None:
         super().__init__(max_outcome_bytes)
         self._db = database.acquire()
+        self._known: dict[str, TaskRecord] = {}
+        """Records as last committed here, oldest first (at most KNOWN_RECORDS)."""
+        self._commits = 0
+        """Writes committed so far: a read that started before one may have seen an older record."""
+
+    def _remember(self, task_id: str, record: TaskRecord | None) -> None:
+        self._known.pop(task_id, None)
+        if record is None:
+            return
+        self._known[task_id] = record
+        if len(self._known) > KNOWN_RECORDS:
+            del self._known[next(iter(self._known))]
+
+    def _committed(self, task_id: str, record: TaskRecord | None) -> None:
+        """The record as a write just committed it (None: not known how it is now)."""
+        self._commits += 1
+        self._remember(task_id, record)
 
     async def create(self, record: TaskRecord) -> None:
         def insert(connection: sqlite3.Connection) -> None:
@@ -53,18 +77,26 @@ class SqliteTaskStore(TaskStore):
             if inserted.rowcount == 0:
                 raise TaskExists(f"a task with id {record.id!r} exists")
 
-        await self._db.write(insert)
+        await self._db.submit(insert, lambda _: self._committed(record.id, record))
 
     async def get(self, owner: str, task_id: str) -> TaskRecord | None:
         record = await self.find(task_id)
         return record if record is not None and record.owner == owner else None
 
     async def find(self, task_id: str) -> TaskRecord | None:
+        known = self._known.get(task_id)
+        if known is not None:
+            return known
+
         def select(connection: sqlite3.Connection) -> TaskRecord | None:
             row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
             return None if row is None else _record(row)
 
-        return await self._db.read(select)
+        commits = self._commits
+        record = await self._db.read(select)
+        if record is not None and commits == self._commits:  # no write committed meanwhile: current
+            self._remember(task_id, record)
+        return record
 
     async def list_owned(self, owner: str, cursor: str | None, limit: int) -> TaskPage:
         def select(connection: sqlite3.Connection) -> TaskPage:
@@ -117,7 +149,11 @@ class SqliteTaskStore(TaskStore):
             )
             return record
 
-        return await self._db.write(update)
+        def committed(record: TaskRecord | None) -> None:
+            if record is not None:  # a refused compare-and-set (or a missing task) changed nothing
+                self._committed(task_id, record)
+
+        return await self._db.submit(update, committed)
 
     async def outcome(self, task_id: str) -> bytes | None:
         def select(connection: sqlite3.Connection) -> bytes | None:
@@ -145,7 +181,13 @@ class SqliteTaskStore(TaskStore):
                 "UPDATE tasks SET next_seq = ? WHERE id = ? AND next_seq < ?", (next_seq, task_id, next_seq)
             )
 
-        await self._db.write(update)
+        def committed(_: None) -> None:
+            known = self._known.get(task_id)
+            self._committed(task_id, known)
+            if known is not None and known.next_seq < next_seq:
+                self._known[task_id] = dataclasses.replace(known, next_seq=next_seq)
+
+        await self._db.submit(update, committed)
 
     async def unfinished(self) -> list[TaskRecord]:
         running = tuple(status.value for status in TaskStatus if not status.terminal)
@@ -178,7 +220,12 @@ class SqliteTaskStore(TaskStore):
                 connection.execute("DELETE FROM tasks WHERE expires_at <= ?", (now,))
             return [_record(row) for row in rows]
 
-        return await self._db.write(delete)
+        def committed(expired: list[TaskRecord]) -> None:
+            self._commits += 1
+            for record in expired:
+                self._known.pop(record.id, None)
+
+        return await self._db.submit(delete, committed)
 
     async def close(self) -> None:
         await self._db.release()
