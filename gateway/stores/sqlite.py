@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import IO, Any, Generic, Literal, TypeVar
 
 from gateway.stores import SECRET_BYTES
 
@@ -324,3 +324,43 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+KNOWN_STATES = 10_000
+"""How many keys' states a `Committed` keeps (the longest held dropped first)."""
+
+S = TypeVar("S")
+
+
+class Committed(Generic[S]):
+    """What the last committed write left of each key (a log's state, a task's record), kept in memory
+    by a store that is its file's only writer, so a lookup needs no trip to a reader thread.
+
+    `commits` counts the writes committed so far: a read from the file that started before one may have
+    seen an older state, and is remembered (`remember`) only if none committed meanwhile."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, S] = {}
+        self.commits = 0
+
+    def get(self, key: str) -> S | None:
+        return self._states.get(key)
+
+    def committed(self, key: str, state: S | None) -> None:
+        """A write committed `state` for `key` (None: not known how it is now)."""
+        self.commits += 1
+        self.remember(key, state)
+
+    def remember(self, key: str, state: S | None) -> None:
+        self._states.pop(key, None)
+        if state is None:
+            return
+        self._states[key] = state
+        if len(self._states) > KNOWN_STATES:
+            del self._states[next(iter(self._states))]
+
+    def forget(self, key: str) -> None:
+        self._states.pop(key, None)
+
+    def clear(self) -> None:
+        self._states.clear()

@@ -37,7 +37,7 @@ from gateway.events.log import (
     StoredEvent,
     check_retention,
 )
-from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite import KNOWN_STATES, Committed, SqliteDatabase
 
 __all__ = ["SqliteEventLog"]
 
@@ -58,10 +58,6 @@ _KEEP_NEXT_SEQ = f"UPDATE logs SET next_seq = max(next_seq, {_LAST_SEQ_PLUS_1}) 
 """Write the log's next seq into its row: before anything deletes its last event."""
 
 _Row = tuple[int, int, int, int | None, float | None, float | None]
-
-KNOWN_LOGS = 10_000
-"""How many logs' states a `SqliteEventLog` keeps in memory (oldest dropped first): a read of a known log's
-bounds, or of a log with nothing after the cursor, costs no trip to a reader thread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +144,12 @@ class SqliteEventLog(EventLog):
         self._tombstone_ttl = tombstone_ttl_s
         self._clock = clock
         self._waiters: dict[str, _Waiters] = {}
-        self._known: dict[str, _LogState] = {}
-        """Logs' states as last committed here (this process is the file's only writer), oldest first."""
+        self._known: Committed[_LogState] = Committed()
+        """Logs' states as last committed here (this process is the file's only writer)."""
         self._rows: dict[str, _Row] = {}
         """Writer thread only: logs' rows as the writes run so far leave them (committed, or in the
         transaction under way), oldest first; forgotten when a batch is rolled back."""
         database.on_rollback(self._rows.clear)
-        self._commits = 0
-        """Writes committed so far: a read that started before one may have seen an older state."""
         self._closed = False
 
     @property
@@ -194,7 +188,7 @@ class SqliteEventLog(EventLog):
             self._rows.pop(task_id, None)
             if row is not None:
                 self._rows[task_id] = row
-                if len(self._rows) > KNOWN_LOGS:
+                if len(self._rows) > KNOWN_STATES:
                     del self._rows[next(iter(self._rows))]
             return changed, _LogState.of(row), expired
 
@@ -202,32 +196,24 @@ class SqliteEventLog(EventLog):
 
     def _committed(self, task_id: str, done: tuple[bool, _LogState | None, list[str]]) -> None:
         changed, state, expired = done
-        self._commits += 1
         for task in expired:
-            self._known.pop(task, None)
-        self._remember(task_id, state)
+            self._known.forget(task)
+        self._known.committed(task_id, None if self._closed else state)
         if changed:
             self._wake(task_id)
-
-    def _remember(self, task_id: str, state: _LogState | None) -> None:
-        self._known.pop(task_id, None)
-        if state is None or self._closed:
-            return
-        self._known[task_id] = state
-        if len(self._known) > KNOWN_LOGS:
-            del self._known[next(iter(self._known))]
 
     async def _state(self, task_id: str) -> _LogState | None:
         """The log's state, its events past their age deleted first (None: no log)."""
         while True:
             state = self._known.get(task_id)
             if state is None:
-                commits = self._commits
+                commits = self._known.commits
                 state = _LogState.of(
                     await self._db.read(lambda connection: connection.execute(_LOG_STATE, (task_id,)).fetchone())
                 )
-                if commits == self._commits:  # no write committed meanwhile: what was read is current
-                    self._remember(task_id, state)
+                # No write committed meanwhile: what was read is current.
+                if commits == self._known.commits and not self._closed:
+                    self._known.remember(task_id, state)
             cutoff = self._cutoff()
             if state is None or cutoff is None or state.head_created is None or state.head_created >= cutoff:
                 return state

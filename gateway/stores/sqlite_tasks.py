@@ -18,14 +18,11 @@ import sqlite3
 
 import orjson
 
-from gateway.stores.sqlite import SqliteDatabase
+from gateway.stores.sqlite import Committed, SqliteDatabase
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["SqliteTaskStore"]
-
-KNOWN_RECORDS = 10_000
-"""How many records a `SqliteTaskStore` keeps in memory (the longest remembered dropped first)."""
 
 _COLUMNS = "record, status, next_seq"
 """What a record is read back from (`_record`)."""
@@ -42,23 +39,8 @@ class SqliteTaskStore(TaskStore):
     def __init__(self, database: SqliteDatabase, max_outcome_bytes: int) -> None:
         super().__init__(max_outcome_bytes)
         self._db = database.acquire()
-        self._known: dict[str, TaskRecord] = {}
-        """Records as last committed here, oldest first (at most KNOWN_RECORDS)."""
-        self._commits = 0
-        """Writes committed so far: a read that started before one may have seen an older record."""
-
-    def _remember(self, task_id: str, record: TaskRecord | None) -> None:
-        self._known.pop(task_id, None)
-        if record is None:
-            return
-        self._known[task_id] = record
-        if len(self._known) > KNOWN_RECORDS:
-            del self._known[next(iter(self._known))]
-
-    def _committed(self, task_id: str, record: TaskRecord | None) -> None:
-        """The record as a write just committed it (None: not known how it is now)."""
-        self._commits += 1
-        self._remember(task_id, record)
+        self._known: Committed[TaskRecord] = Committed()
+        """Records as last committed here (this process is the file's only writer)."""
 
     async def create(self, record: TaskRecord) -> None:
         def insert(connection: sqlite3.Connection) -> None:
@@ -77,7 +59,7 @@ class SqliteTaskStore(TaskStore):
             if inserted.rowcount == 0:
                 raise TaskExists(f"a task with id {record.id!r} exists")
 
-        await self._db.submit(insert, lambda _: self._committed(record.id, record))
+        await self._db.submit(insert, lambda _: self._known.committed(record.id, record))
 
     async def get(self, owner: str, task_id: str) -> TaskRecord | None:
         record = await self.find(task_id)
@@ -92,10 +74,10 @@ class SqliteTaskStore(TaskStore):
             row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
             return None if row is None else _record(row)
 
-        commits = self._commits
+        commits = self._known.commits
         record = await self._db.read(select)
-        if record is not None and commits == self._commits:  # no write committed meanwhile: current
-            self._remember(task_id, record)
+        if commits == self._known.commits:  # no write committed meanwhile: what was read is current
+            self._known.remember(task_id, record)
         return record
 
     async def list_owned(self, owner: str, cursor: str | None, limit: int) -> TaskPage:
@@ -151,7 +133,7 @@ class SqliteTaskStore(TaskStore):
 
         def committed(record: TaskRecord | None) -> None:
             if record is not None:  # a refused compare-and-set (or a missing task) changed nothing
-                self._committed(task_id, record)
+                self._known.committed(task_id, record)
 
         return await self._db.submit(update, committed)
 
@@ -183,9 +165,9 @@ class SqliteTaskStore(TaskStore):
 
         def committed(_: None) -> None:
             known = self._known.get(task_id)
-            self._committed(task_id, known)
             if known is not None and known.next_seq < next_seq:
-                self._known[task_id] = dataclasses.replace(known, next_seq=next_seq)
+                known = dataclasses.replace(known, next_seq=next_seq)
+            self._known.committed(task_id, known)
 
         await self._db.submit(update, committed)
 
@@ -221,9 +203,8 @@ class SqliteTaskStore(TaskStore):
             return [_record(row) for row in rows]
 
         def committed(expired: list[TaskRecord]) -> None:
-            self._commits += 1
             for record in expired:
-                self._known.pop(record.id, None)
+                self._known.committed(record.id, None)
 
         return await self._db.submit(delete, committed)
 
