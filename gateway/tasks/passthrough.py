@@ -102,8 +102,8 @@ class UpstreamTask:
     """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
     ending: bool = False
     """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
-    told_ended: bool = False
-    """A forwarded answer told a client the task ended (a terminal view, a tasks/result answer)."""
+    result_answered: bool = False
+    """A forwarded tasks/result was answered: the task ended (how, a poll learns: see `wake`)."""
     listening: bool = False
     """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
 
@@ -249,9 +249,8 @@ class Passthrough:
                 await self.registry.record(task, event)
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
-            ref.told_ended = ref.told_ended or ref.ending
         elif method == "tasks/result" and not task.terminal:
-            ref.told_ended = True
+            ref.result_answered = True
             ref.wake.set()  # the upstream says it ended: learn how with a tasks/get now
 
     async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
@@ -305,7 +304,7 @@ class Passthrough:
         already); one that leaves it out is fetched on the pooled process the forwarded request holds
         until its answer is written, so waiting there would stall both."""
         ref: UpstreamTask = task.upstream
-        if ref.era is Era.LEGACY and ref.told_ended and not task.terminal:
+        if ref.era is Era.LEGACY and (ref.ending or ref.result_answered) and not task.terminal:
             await wait_any((task.done,), ASK_TIMEOUT_S)
 
     async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
