@@ -59,7 +59,6 @@ def test_behaviour_flags_per_era() -> None:
     assert LEGACY.cancelled_has_outcome and not MODERN.cancelled_has_outcome
     assert LEGACY.ended_cancel_is_error and not MODERN.ended_cancel_is_error
     assert LEGACY.tool_error_fails_task and not MODERN.tool_error_fails_task
-    assert LEGACY.lists_task_support and not MODERN.lists_task_support
 
 
 # -- task views ---------------------------------------------------------------------------------------

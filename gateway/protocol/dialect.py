@@ -88,9 +88,6 @@ class Dialect:
     detailed_views: bool
     """Whether `tasks/get` shows the DetailedTask (SEP-2663: the open `inputRequests`, the outcome
     inlined once terminal) or the plain Task (SEP-1686 keeps the outcome for `tasks/result`)."""
-    lists_task_support: bool
-    """Whether `tools/list` shows each tool's `execution.taskSupport` (SEP-1686; in SEP-2663 the
-    server decides per call)."""
     capability_key: str
     """The tasks capability's key in `capabilities` (2025-11-25) or `capabilities.extensions`."""
     hosted_capability: Mapping[str, Any]
@@ -257,7 +254,6 @@ LEGACY = Dialect(
     ended_cancel_is_error=True,
     tool_error_fails_task=True,
     detailed_views=False,
-    lists_task_support=True,
     capability_key="tasks",
     hosted_capability=HOSTED_TASKS_CAPABILITY,
     upstream_call_meta={},
@@ -274,7 +270,6 @@ MODERN = Dialect(
     ended_cancel_is_error=False,
     tool_error_fails_task=False,
     detailed_views=True,
-    lists_task_support=False,
     capability_key=TASKS_EXTENSION,
     hosted_capability={},
     upstream_call_meta={LOG_LEVEL_KEY: "info"},

@@ -94,19 +94,6 @@ class HostedTasks:
     def policy(self, tool: object) -> ToolTaskPolicy:
         return self._config.policy_for(tool)
 
-    def annotate_tools(self, result: dict[str, Any]) -> dict[str, Any]:
-        """tools/list for legacy clients: each tool's execution.taskSupport from the policy."""
-        tools = result.get("tools")
-        if not isinstance(tools, list):
-            return result
-        annotated = []
-        for tool in tools:
-            if isinstance(tool, dict):
-                execution = {**(tool.get("execution") or {}), "taskSupport": self.policy(tool.get("name")).task_support}
-                tool = {**tool, "execution": execution}
-            annotated.append(tool)
-        return {**result, "tools": annotated}
-
     # -- creating and running tasks -------------------------------------------------------------
 
     def upstream_call(self, message: Message, dialect: Dialect) -> Message:

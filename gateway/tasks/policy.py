@@ -1,6 +1,14 @@
-"""What a tools/call means under its tool's task policy, in each era: a plain call, a call that becomes a
-gateway-hosted task (and when), or an error. Every era rule of hosted task creation lives here; plain
-functions over the policy and the request, no I/O.
+"""What a tools/call means under its tool's task policy, in each era: who hosts the tool's tasks (the
+gateway, the upstream, or nobody), and for the gateway a plain call, a call that becomes a task it hosts
+(and when), or an error. Every era rule of hosted task creation lives here; plain functions over the
+policy, what the upstream says of the tool, and the request; no I/O.
+
+Who hosts (`who_hosts`), per tool: an upstream without Tasks, or one whose tools/list marks the tool
+`forbidden` (or leaves it unmarked: SEP-1686's default), gets the gateway's tasks where the tool's
+`[[tasks.tools]]` policy allows them; a tool the upstream itself runs as a task (`optional`, `required`)
+stays with the upstream (pass-through), and so does one the gateway cannot judge (a SEP-2663 upstream
+decides per call; a tool its tools/list does not show). `tools/list` shows the result as each tool's
+`execution.taskSupport`, in both eras.
 
 2025-11-25 (SEP-1686): the client asks with `params.task`, and `task_support` says whether it may
 (`forbidden`) or must (`required`); a wrong call gets `-32601`.
@@ -15,9 +23,12 @@ without `inputResponses` or `requestState`) to ask for input first, while a retr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
-from gateway.config import ToolTaskPolicy
+from gateway.config import TaskSupport, ToolTaskPolicy
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import declares_tasks_extension, missing_extension
 from gateway.protocol.era import Era
@@ -40,6 +51,83 @@ class Hosting:
 
 
 AT_ONCE = Hosting(0.0, result_is_task=True)
+
+
+class UpstreamSupport(StrEnum):
+    """What the upstream says of one tool's tasks, in the client's era."""
+
+    NONE = "none"
+    """The upstream has no Tasks at all (no tasks capability; no tasks extension)."""
+    FORBIDDEN = "forbidden"
+    """Its tools/list marks the tool `forbidden`, or leaves it unmarked (SEP-1686's default)."""
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+    UNKNOWN = "unknown"
+    """It has Tasks, and the gateway cannot tell for this tool: a SEP-2663 upstream decides per call,
+    and a SEP-1686 tool its tools/list does not show (or a list it would not give) is left to it."""
+
+
+class Host(StrEnum):
+    """Who runs a tool's tasks."""
+
+    GATEWAY = "gateway"
+    UPSTREAM = "upstream"
+    """Pass-through: the upstream's own tasks, forwarded and recorded."""
+    NOBODY = "nobody"
+    """Never a task: a 2025-11-25 call asking for one is refused (-32601); a 2026-07-28 call stays plain."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolHosting:
+    """Who hosts a tool's tasks, and what tools/list shows of it."""
+
+    host: Host
+    task_support: TaskSupport | None
+    """The effective `execution.taskSupport`; None: the upstream's entry is shown as it is (it hosts)."""
+
+
+def policy_support(policy: ToolTaskPolicy, era: Era) -> TaskSupport:
+    """The task support the gateway's policy gives a tool in `era`: `task_support` for 2025-11-25; for
+    2026-07-28 what `modern` does (never: forbidden, required: required, after_ms / always: optional)."""
+    if era is Era.LEGACY:
+        return policy.task_support
+    if policy.modern == "never":
+        return "forbidden"
+    return "required" if policy.modern == "required" else "optional"
+
+
+def who_hosts(upstream: UpstreamSupport, policy: ToolTaskPolicy, era: Era) -> ToolHosting:
+    """Who hosts the tasks of a tool the upstream says `upstream` of, under the gateway's `policy`."""
+    if upstream in (UpstreamSupport.OPTIONAL, UpstreamSupport.REQUIRED, UpstreamSupport.UNKNOWN):
+        return ToolHosting(Host.UPSTREAM, None)
+    support = policy_support(policy, era)
+    return ToolHosting(Host.NOBODY if support == "forbidden" else Host.GATEWAY, support)
+
+
+def listed_support(tool: Mapping[str, Any]) -> UpstreamSupport:
+    """What a SEP-1686 upstream's tools/list entry says of the tool's tasks (unmarked: forbidden)."""
+    execution = tool.get("execution")
+    marked = execution.get("taskSupport") if isinstance(execution, dict) else None
+    if marked == "optional":
+        return UpstreamSupport.OPTIONAL
+    if marked == "required":
+        return UpstreamSupport.REQUIRED
+    return UpstreamSupport.FORBIDDEN
+
+
+def with_task_support(result: dict[str, Any], hosting_of: Callable[[Mapping[str, Any]], ToolHosting]) -> dict[str, Any]:
+    """A tools/list result with each tool's effective `execution.taskSupport` (`hosting_of` an entry);
+    a tool the upstream hosts keeps its entry as it is."""
+    tools = result.get("tools")
+    if not isinstance(tools, list):
+        return result
+    shown = []
+    for tool in tools:
+        if isinstance(tool, dict) and (support := hosting_of(tool).task_support) is not None:
+            execution = tool.get("execution")
+            tool = {**tool, "execution": {**(execution if isinstance(execution, dict) else {}), "taskSupport": support}}
+        shown.append(tool)
+    return {**result, "tools": shown}
 
 
 def plan_tool_call(policy: ToolTaskPolicy, message: Message, era: Era) -> Hosting | None:

@@ -2,7 +2,8 @@
 
 Given a parsed call (era, caller, message, headers, session) the service decides whether the gateway
 hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
-the upstream's cached `server/discover`) or passes the upstream's tasks through (ids mapped by the channel
+the upstream's cached `server/discover`; or, per tool, the upstream will not run this tool as a task:
+`gateway.tasks.policy.who_hosts`) or passes the upstream's tasks through (ids mapped by the channel
 tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
 task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
 serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
@@ -15,6 +16,7 @@ import asyncio
 import collections
 import dataclasses
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,8 +43,19 @@ from gateway.tasks.plans import (
     Transform,
     route_answer,
 )
-from gateway.tasks.policy import Hosting, plan_tool_call
+from gateway.tasks.policy import (
+    Host,
+    Hosting,
+    ToolHosting,
+    UpstreamSupport,
+    listed_support,
+    plan_tool_call,
+    policy_support,
+    who_hosts,
+    with_task_support,
+)
 from gateway.tasks.registry import PendingRequest, Task, TaskLimitReached
+from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 
@@ -70,6 +83,8 @@ class TaskService:
         self.task_streams: collections.Counter[str] = collections.Counter()
         """Open tasks/stream requests per task id on this gateway, each bounded by `max_streams_per_task`
         (per process: a task's streams on other replicas are not counted)."""
+        self._tool_marks: weakref.WeakKeyDictionary[Session, ToolMarks] = weakref.WeakKeyDictionary()
+        """Per legacy session whose upstream has Tasks: what its tools/list says of each tool's tasks."""
 
     # -- a legacy session's own messages ------------------------------------------------------------
 
@@ -105,7 +120,8 @@ class TaskService:
 
     async def plan(self, call: TaskCall) -> Plan:
         """What to do with `call`; raises ProtocolError for a request that gets an error."""
-        hosting = await self._hosting(call)
+        upstream_tasks = await self._upstream_has_tasks(call)
+        hosting = not upstream_tasks or await self._gateway_hosts(call)
         if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
             return await self._stream(call)
         if not hosting:
@@ -118,13 +134,45 @@ class TaskService:
             planned = await tool_call(call, await call.channel())
             if planned is not None:
                 return planned
-        return self._forward(call, await call.channel(), self._transform_for(call, hosting))
+        return self._forward(call, await call.channel(), self._transform_for(call, upstream_tasks))
 
-    async def _hosting(self, call: TaskCall) -> bool:
-        """Whether the gateway hosts Tasks for this call: the upstream does not."""
+    async def _upstream_has_tasks(self, call: TaskCall) -> bool:
+        """Whether the upstream has Tasks in the call's era (else the gateway hosts them all)."""
         if call.session is not None:
-            return not call.session.upstream_has_tasks
-        return not (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
+            return call.session.upstream_has_tasks
+        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
+
+    async def _gateway_hosts(self, call: TaskCall) -> bool:
+        """Whether a call is the gateway's although the upstream has Tasks: a tools/call of a tool whose
+        tasks the upstream will not run (the gateway hosts them, or refuses them), or a request naming a
+        task the gateway hosts here."""
+        if call.method == "tools/call":
+            return (await self._tool_hosting(call)).host is not Host.UPSTREAM
+        if call.method == "tasks/stream" or call.method in call.caller.dialect.task_requests:
+            task = self._hosted.registry.get(call.caller.owner, jsonrpc.params_of(call.message).get("taskId"))
+            return task is not None and task.record.upstream is None
+        return False
+
+    async def _tool_hosting(self, call: TaskCall) -> ToolHosting:
+        """Who hosts the tasks of the tool a tools/call names, its upstream having Tasks. A 2026-07-28
+        upstream decides per call (its tools carry no mark); a 2025-11-25 one marks each tool in its
+        tools/list, asked for when the call's plan depends on it and the tool was not listed yet."""
+        name = jsonrpc.params_of(call.message).get("name")
+        policy = self._hosted.policy(name)
+        session = call.session
+        may_be_task = call.caller.dialect.may_create_task(call.message)
+        if (
+            session is None
+            or not isinstance(name, str)
+            or not (may_be_task or policy_support(policy, call.era) == "required")
+        ):
+            # A plain call of a tool the gateway would not require as a task: the upstream answers it
+            # whoever would host the tool's tasks.
+            return who_hosts(UpstreamSupport.UNKNOWN, policy, call.era)
+        marks = self._tool_marks.setdefault(session, ToolMarks())
+        if marks.of(name) is None:
+            await marks.ask(session.channel, call.headers, ASK_TIMEOUT_S)
+        return who_hosts(marks.of(name) or UpstreamSupport.UNKNOWN, policy, call.era)
 
     # -- tasks the upstream hosts ----------------------------------------------------------------
 
@@ -178,7 +226,7 @@ class TaskService:
         if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
-        transform = self._transform_for(call, hosting=False)
+        transform = self._transform_for(call, upstream_tasks=True)
         if task is not None and not streaming:
             transform = self._catching_up(task)
         return self._forward(call, channel, transform, answer_route=answer_route, cancel_when_gone=streaming)
@@ -217,7 +265,7 @@ class TaskService:
 
     # -- forwarding ------------------------------------------------------------------------------
 
-    def _transform_for(self, call: TaskCall, hosting: bool) -> Transform | None:
+    def _transform_for(self, call: TaskCall, upstream_tasks: bool) -> Transform | None:
         """Responses the gateway adds its own capabilities to."""
         hosted = self._hosted
         if call.method == "server/discover":
@@ -230,14 +278,29 @@ class TaskService:
                 return {**final, "result": hosted.advertise(result, MODERN)}  # a 2026-07-28 method
 
             return discover
-        if call.method == "tools/list" and hosting and call.caller.dialect.lists_task_support:
-
-            async def annotate(final: Message) -> Message:
-                result = final.get("result")
-                return {**final, "result": hosted.annotate_tools(result)} if isinstance(result, dict) else final
-
-            return annotate
+        if call.method == "tools/list" and (call.session is not None or not upstream_tasks):
+            # A 2026-07-28 upstream with Tasks marks no tool: its entries are shown as they are.
+            return self._listing(call, upstream_tasks)
         return None
+
+    def _listing(self, call: TaskCall, upstream_tasks: bool) -> Transform:
+        """tools/list with each tool's effective `execution.taskSupport` (`who_hosts`), in both eras; a
+        2025-11-25 session whose upstream has Tasks learns the upstream's marks from it first."""
+        marks = self._tool_marks.setdefault(call.session, ToolMarks()) if upstream_tasks and call.session else None
+
+        def hosting_of(tool: Mapping[str, Any]) -> ToolHosting:
+            upstream = listed_support(tool) if upstream_tasks else UpstreamSupport.NONE
+            return who_hosts(upstream, self._hosted.policy(tool.get("name")), call.era)
+
+        async def annotate(final: Message) -> Message:
+            result = final.get("result")
+            if not isinstance(result, dict):
+                return final
+            if marks is not None:
+                marks.learn(result)
+            return {**final, "result": with_task_support(result, hosting_of)}
+
+        return annotate
 
     def _forward(
         self,
