@@ -195,9 +195,15 @@ class Gateway:
     scripted upstream, and one client: a legacy session, or modern requests."""
 
     def __init__(
-        self, era: Era, kind: str, stores: Stores | None = None, retention: dict[str, Any] | None = None
+        self,
+        era: Era,
+        kind: str,
+        stores: Stores | None = None,
+        retention: dict[str, Any] | None = None,
+        upstream: ScriptedUpstream | None = None,
     ) -> None:
-        """`stores`: shared with another gateway (a second replica); else its own, per `[store]`."""
+        """`stores`: shared with another gateway (a second replica); else its own, per `[store]`.
+        `upstream`: a scripted upstream of `kind` with more to say (else the plain one)."""
         config = Config.model_validate(
             {
                 "tasks": {
@@ -218,7 +224,7 @@ class Gateway:
         capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
         self.stores = stores = stores or build_stores(config)
         self.registry = TaskRegistry(config.tasks, config.retention, stores.tasks, stores.log, capture, metrics)
-        self.upstream = ScriptedUpstream(kind)
+        self.upstream = upstream or ScriptedUpstream(kind)
         self.hosted = HostedTasks(self.registry, config.tasks, config.retention, True)
         self.passthrough = Passthrough(self.registry, self.upstream, config.tasks, metrics)
         self.service = TaskService(
