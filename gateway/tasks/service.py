@@ -286,7 +286,8 @@ class TaskService:
     def _listing(self, call: TaskCall, upstream_tasks: bool) -> Transform:
         """tools/list with each tool's effective `execution.taskSupport` (`who_hosts`), in both eras; a
         2025-11-25 session whose upstream has Tasks learns the upstream's marks from it first."""
-        marks = self._tool_marks.setdefault(call.session, ToolMarks()) if upstream_tasks and call.session else None
+        session = call.session
+        marks = self._tool_marks.setdefault(session, ToolMarks()) if upstream_tasks and session is not None else None
 
         def hosting_of(tool: Mapping[str, Any]) -> ToolHosting:
             upstream = listed_support(tool) if upstream_tasks else UpstreamSupport.NONE
