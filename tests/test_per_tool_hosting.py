@@ -6,7 +6,7 @@ of what the upstream says of a tool and the gateway's policy, in both eras. Then
 process, over the scripted SEP-1686 upstream of the playbook (with a tools/list), and at last the real
 `@modelcontextprotocol/server-everything` (its own 2025-11-25 Tasks; `trigger-long-running-operation` is
 `taskSupport: "forbidden"` there) behind the real gateway, driven by the `mcp-task-gateway` CLI, the
-official `mcp` SDK client and raw 2026-07-28 requests.
+official `mcp` SDK client and raw 2026-07-28 requests, on stdio and (2025-11-25) Streamable HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,7 +43,7 @@ from gateway.tasks.tool_marks import LIST_ID_PREFIX
 from tests.conftest import RunningGateway, start_gateway
 from tests.test_cli_tasks import cli, json_lines
 from tests.test_service_playbook import ECHO, HOSTED_ID, SEP_1686, Gateway, ScriptedUpstream
-from tests.test_upstream_with_tasks import node_command
+from tests.test_upstream_with_tasks import http_upstream, node_command
 from tests.wire import MODERN
 from tests.wire import Client as WireClient
 
@@ -273,11 +274,11 @@ async def everything() -> AsyncIterator[RunningGateway]:
         yield gateway
 
 
-@pytest.mark.asyncio(loop_scope="module")
-@pytest.mark.parametrize("era", ["legacy", "modern"])
-async def test_a_forbidden_tool_runs_as_a_gateway_task_with_its_progress(everything: RunningGateway, era: str) -> None:
+async def runs_as_a_gateway_task(url: str, era: str) -> None:
+    """`call trigger-long-running-operation --task --follow` in `era`: a gateway-hosted task whose log
+    holds the tool's progress, one event per step, then its completion."""
     args = json.dumps({"duration": 2, "steps": STEPS})
-    code, out, err = await cli("call", everything.url, LONG, "--args", args, "--task", "--follow", "--era", era)
+    code, out, err = await cli("call", url, LONG, "--args", args, "--task", "--follow", "--era", era)
     assert code == 0, err
     assert out.splitlines()[-1] == f"Long running operation completed. Duration: 2 seconds, Steps: {STEPS}.", out
     started = re.search(r"task (\S+) started", err)
@@ -285,7 +286,7 @@ async def test_a_forbidden_tool_runs_as_a_gateway_task_with_its_progress(everyth
     task_id = started.group(1)
     assert re.fullmatch(r"[0-9a-f]{32}", task_id), task_id  # a gateway-hosted id (a pass-through one has a dot)
 
-    code, out, err = await cli("tail", everything.url, task_id, "--json", "--era", era)
+    code, out, err = await cli("tail", url, task_id, "--json", "--era", era)
     assert code == 0, err
     events = json_lines(out)
     kinds = [event["type"].rsplit(".", 2)[-2:] for event in events]
@@ -294,6 +295,20 @@ async def test_a_forbidden_tool_runs_as_a_gateway_task_with_its_progress(everyth
     progress = [event["payload"] for event in events if event["type"].endswith(".progress")]
     assert [(p["progress"], p["total"]) for p in progress] == [(step, STEPS) for step in range(1, STEPS + 1)]
     assert kinds[-1] == ["task", "terminal"] and events[-1]["payload"]["status"] == "completed", events[-1]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+async def test_a_forbidden_tool_runs_as_a_gateway_task_with_its_progress(everything: RunningGateway, era: str) -> None:
+    await runs_as_a_gateway_task(everything.url, era)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_over_http_too(tmp_path: Path) -> None:
+    """server-everything on Streamable HTTP: the gateway's own tools/list goes on the client's upstream
+    session. (2025-11-25 only: this server answers no request without its initialize handshake.)"""
+    async with http_upstream(tmp_path) as (url, _), start_gateway(upstream_url=url, config_text=CONFIG) as gateway:
+        await runs_as_a_gateway_task(gateway.url, "legacy")
 
 
 @pytest.mark.asyncio(loop_scope="module")
