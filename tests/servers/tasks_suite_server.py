@@ -92,9 +92,7 @@ async def ask_second() -> Elicit[Name]:
 
 
 @mcp.tool()
-async def multi_input(
-    first: Annotated[Name, Resolve(ask_first)], second: Annotated[Name, Resolve(ask_second)]
-) -> str:
+async def multi_input(first: Annotated[Name, Resolve(ask_first)], second: Annotated[Name, Resolve(ask_second)]) -> str:
     """Ask two questions at once, then report both answers."""
     return f"got {first.name} and {second.name}"
 
@@ -116,4 +114,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
