@@ -62,7 +62,7 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 run: $(RUN_STAMP)
 	exec $(BIN)/mcp-task-gateway serve --config config/gateway.example.toml --upstream-cmd "$(abspath $(BIN))/python examples/build_server.py" $(ARGS)
 
-node_modules: node_modules/@modelcontextprotocol/server-everything tests/oidc/node_modules/oidc-provider
+node_modules: node_modules/@modelcontextprotocol/server-everything tests/oidc/node_modules/oidc-provider tests/official_suite/node_modules/@modelcontextprotocol/conformance
 
 node_modules/@modelcontextprotocol/server-everything:
 	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_upstream_with_tasks.py runs $(SERVER_EVERYTHING))" >&2; exit 1; }
@@ -72,6 +72,14 @@ node_modules/@modelcontextprotocol/server-everything:
 tests/oidc/node_modules/oidc-provider: $(wildcard tests/oidc/package-lock.json)
 	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_auth_oidc.py runs oidc-provider)" >&2; exit 1; }
 	npm ci --no-audit --no-fund --prefix "$(CURDIR)/tests/oidc"
+
+# The official MCP conformance suite of tests/test_official_suite.py (@modelcontextprotocol/conformance
+# 0.2.0-alpha.12), exactly as tests/official_suite/package-lock.json pins it, in a folder of its own: it
+# needs Node 22+ (npm `node` 22 comes with it; the machine's Node 20 is left alone), and an `npm install
+# --no-save` into the top node_modules would remove the server-everything installed there.
+tests/official_suite/node_modules/@modelcontextprotocol/conformance: $(wildcard tests/official_suite/package-lock.json)
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm is not on PATH; install Node.js 20+ and npm (tests/test_official_suite.py runs the official conformance suite)" >&2; exit 1; }
+	npm ci --no-audit --no-fund --prefix "$(CURDIR)/tests/official_suite"
 
 # The Redis store's tests start their own redis-server (tests/redis_server.py), never the machine's:
 # install Debian's package when there is none (as root, or through sudo).

@@ -7,9 +7,10 @@ with an `InputRequiredResult` and the client retries with `inputResponses` and t
 * `required` (`modern = "required"`, implied by and implying `task_support = "required"`): a 2026-07-28
   client that did not declare the tasks extension gets `-32021` (HTTP 400) naming the extension; a
   2025-11-25 client that calls without `params.task` gets `-32601`; a declaring client always gets a task.
-* `always`: a first round that asks for input (or fails) within `input_window_ms` reaches the client
-  synchronously (no task); any retried round (with `inputResponses`) is a task at once, whose result
-  reflects the answers; a first round still running at the end of the window is a task.
+* `always`: a first round that asks for input within `input_window_ms` reaches the client synchronously
+  (no task); one that fails within it (a JSON-RPC error) is a `failed` task with the error inlined; any
+  retried round (with `inputResponses`) is a task at once, whose result reflects the answers; a first
+  round still running at the end of the window is a task.
 * `after_ms`: the first round is synchronous as well; a retried round that outlives `after_ms` becomes
   a task, a faster one is a plain result.
 
@@ -223,7 +224,28 @@ async def test_always_first_round_without_input_becomes_a_task_after_the_window(
     assert cancelled.final["result"] == {"resultType": "complete"}, cancelled.messages
 
 
-async def test_always_relays_an_error_within_the_window(gw_always: RunningGateway, http: aiohttp.ClientSession) -> None:
+async def test_always_makes_an_upstream_error_within_the_window_a_failed_task(
+    gw_always: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    """SEP-2663: only an InputRequiredResult comes before a task; a JSON-RPC error the upstream answers
+    at once is a task that failed, the error inlined. Here the SDK refuses, with -32021, to ask a client
+    that declares no elicitation for deploy's confirmation."""
+    client = Client(http, gw_always.url, MODERN)
+    params = {"name": "deploy", "arguments": {"environment": "prod"}, "_meta": envelope()}
+    async with asyncio.timeout(WAIT):
+        reply = await client.request("tools/call", params)
+    created = result_of({"status": reply.status, **reply.final})
+    assert created["resultType"] == "task" and created["status"] == "failed", created
+    assert "error" not in created and "result" not in created, created
+    failed = result_of(await get_task(client, created["taskId"]))
+    assert failed["status"] == "failed" and "result" not in failed, failed
+    assert failed["error"]["code"] == -32021, failed
+
+
+async def test_always_relays_a_request_the_gateway_refuses(
+    gw_always: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    """A call the gateway itself refuses (arguments not an object) never reaches the upstream: no task."""
     client = Client(http, gw_always.url, MODERN)
     params = {"name": "deploy", "arguments": "not an object"}
     async with asyncio.timeout(WAIT):

@@ -17,8 +17,9 @@ decides per call; a tool its tools/list does not show). `tools/list` shows the r
 `required` tool refuses any other client with `-32021`. MRTR input the upstream asks for before a task
 exists reaches the client as it is (an `InputRequiredResult`), and the task is made on the final round:
 `after_ms` relays any answer that comes within `after_ms` and makes a task of a call that runs longer;
-`always` and `required` make every result a task, but wait `input_window_ms` for a first call (one
-without `inputResponses` or `requestState`) to ask for input first, while a retried call is a task at once.
+`always` and `required` make every answer a task (a result `completed`, a JSON-RPC error `failed` with the
+error inlined), but wait `input_window_ms` for a first call (one without `inputResponses` or
+`requestState`) to ask for input first, while a retried call is a task at once.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Hosting:
     """How long the upstream's answer may take and still reach the client as it is; then the call
     becomes a task (0: a task at once)."""
     result_is_task: bool
-    """Whether a result that comes within `wait_s` becomes a task as well (one already completed),
-    unless it asks for input (an `InputRequiredResult`). JSON-RPC errors always reach the client as they are."""
+    """Whether an answer that comes within `wait_s` becomes a task as well (one already ended: a result
+    `completed`, a JSON-RPC error `failed`), unless it asks for input (an `InputRequiredResult`)."""
 
 
 AT_ONCE = Hosting(0.0, result_is_task=True)

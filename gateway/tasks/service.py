@@ -444,8 +444,10 @@ class TaskService:
             return True
 
         async def result_as_task(final: Message) -> Message:
-            # Checked when the call came in; tasks made since may have filled the room: answer as is.
-            if "result" not in final or input_required(final) or not room_for_task():
+            # A result or a JSON-RPC error becomes a task (`completed`, or `failed` with the error inlined):
+            # SEP-2663 has only an InputRequiredResult come before a task. Room was checked when the call
+            # came in; tasks made since may have filled it: answer as is.
+            if input_required(final) or not room_for_task():
                 return final
             task = await adopt(observed)
             await self._hosted.finish(task, call.caller, final)
