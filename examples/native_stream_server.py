@@ -10,6 +10,7 @@ Run it on Streamable HTTP at ``/mcp`` (the default) or on stdio::
     python examples/native_stream_server.py --port 8766 [--host 127.0.0.1]
     python examples/native_stream_server.py --stdio
     python examples/native_stream_server.py --port 8766 --max-events-per-task 5   # overrun it quickly
+    python examples/native_stream_server.py --port 8766 --no-retention-fields     # eventStreams: {}
 
 Tools (names and arguments as in ``examples/build_server.py``): ``slow_build(steps=3, delay=0.2)``,
 a progress notification and an info log per step, and ``echo(text)``. Every tool may run as a task.
@@ -119,8 +120,9 @@ class TaskEvent:
 class TaskLog:
     """A task's events: seq from 0 by 1, the oldest dropped by retention, readers woken on growth."""
 
-    def __init__(self, retention: Retention) -> None:
+    def __init__(self, retention: Retention, *, advertise_retention: bool = True) -> None:
         self.retention = retention
+        self.advertise_retention = advertise_retention
         self.events: deque[TaskEvent] = deque()
         self.next_seq = 0
         self.ended_at: float | None = None
@@ -305,14 +307,19 @@ class NativeTasks(Extension):
 
     identifier = EXTENSION
 
-    def __init__(self, retention: Retention) -> None:
+    def __init__(self, retention: Retention, *, advertise_retention: bool = True) -> None:
         self.retention = retention
+        self.advertise_retention = advertise_retention
         self.tasks: dict[str, Task] = {}
         self.active_streams: set[tuple[Hashable, str]] = set()
         self.group: anyio.abc.TaskGroup | None = None  # set by the server lifespan
 
     def settings(self) -> dict[str, Any]:
-        return {"eventStreams": self.retention.advertised()}
+        return {"eventStreams": self.event_streams()}
+
+    def event_streams(self) -> dict[str, Any]:
+        """The ``eventStreams`` sub-capability: the retention limits, or nothing (SEP-2694 names no field)."""
+        return self.retention.advertised() if self.advertise_retention else {}
 
     def methods(self) -> Sequence[MethodBinding]:
         legacy, modern = frozenset({LEGACY}), frozenset({MODERN})
@@ -333,7 +340,7 @@ class NativeTasks(Extension):
             result = await call_next(ctx)
             if isinstance(result, dict) and result.get("protocolVersion") == LEGACY:
                 tasks: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-                tasks["eventStreams"] = self.retention.advertised()
+                tasks["eventStreams"] = self.event_streams()
                 result = {**result, "capabilities": {**result.get("capabilities", {}), "tasks": tasks}}
             return result
         if ctx.method == "tools/list" and ctx.protocol_version == LEGACY:
@@ -448,7 +455,7 @@ class NativeTasks(Extension):
             grown = task.log.grown  # taken before reading, so no append between read and wait is missed
             if seq < task.log.earliest_seq:  # retention overtook the cursor, before or during the stream
                 seq = self.events_gone(task)
-            for event in task.log.read_from(seq):
+            for event in self.events_from(task, seq):
                 notification = EventNotification(
                     method="notifications/tasks/event", params=self.wire_event(task, event)
                 )
@@ -475,6 +482,11 @@ class NativeTasks(Extension):
         if key in self.active_streams:
             raise MCPError(INVALID_PARAMS, f"Task {key[1]} already has an active tasks/stream on this connection")
         self.active_streams.add(key)
+
+    def events_from(self, task: Task, seq: int) -> list[TaskEvent]:
+        """What the stream delivers from `seq` on: every retained event (the stream ends after the last
+        one of a terminal task)."""
+        return task.log.read_from(seq)
 
     def first_seq(self, task: Task, after: int | None) -> int:
         """Resume strictly after the cursor; without one, from the earliest retained event."""
@@ -575,6 +587,11 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-event-age-s", type=float, default=defaults.max_event_age_s, metavar="S")
     parser.add_argument("--terminal-retention-s", type=float, default=defaults.terminal_retention_s, metavar="S")
     parser.add_argument("--max-payload-bytes", type=int, default=defaults.max_payload_bytes, metavar="N")
+    parser.add_argument(
+        "--no-retention-fields",
+        action="store_true",
+        help="advertise eventStreams as {} (the limits apply all the same; SEP-2694 names no retention field)",
+    )
     return parser
 
 
@@ -587,7 +604,7 @@ def serve(args: argparse.Namespace, tasks_class: type[NativeTasks] = NativeTasks
     retention = Retention(
         args.max_events_per_task, args.max_event_age_s, args.terminal_retention_s, args.max_payload_bytes
     )
-    server = build_server(tasks_class(retention))
+    server = build_server(tasks_class(retention, advertise_retention=not args.no_retention_fields))
     where = "stdio" if args.stdio else f"http://{args.host}:{args.port}/mcp"
     print(f"native_stream_server ready on {where}", file=sys.stderr, flush=True)
     if args.stdio:

@@ -136,7 +136,13 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help="a header of a second caller, for the authorization check (repeat; without it that check is skipped)",
     )
-    kit.add_argument("--timeout", metavar="S", type=float, default=30.0, help="bound on each wait (default 30)")
+    kit.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=15.0,
+        help="bound on each wait, and on a stream's end after its task is terminal (default 15)",
+    )
     kit.add_argument("--json", metavar="FILE", dest="json_path", help="write the results as JSON")
     kit.add_argument("--junit", metavar="FILE", dest="junit_path", help="write the results as JUnit XML")
 

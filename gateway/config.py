@@ -464,7 +464,9 @@ class AuthRule(_Section):
     """Claim conditions, every one of which must hold: the caller's claim equals the value or, when
     the claim is a list, contains it (of the same JSON type: "1" is not 1)."""
     hide: bool = True
-    """Hide the tool from tools/list when the caller lacks the scopes or fails a claim condition."""
+    """Hide the tool from tools/list when the caller lacks the scopes or fails a claim condition. On by
+    default: a caller is shown only what it may call. False suits a scope obtained by step-up (a client
+    steps up only on a tool it has seen and called)."""
     requests_per_s: float | None = Field(default=None, gt=0)
     """With `burst`: each principal's calls of each tool the rule matches, a token bucket of its own
     (besides `[auth.limits]`)."""

@@ -39,6 +39,7 @@ VARIANT_CHECKS = {
     "events_gone_no_earliest": "events_gone.earliest_seq",
     "events_gone_silent_skip": "events_gone.not_silent",
     "no_terminal_result": "end.terminal_result",
+    "stream_never_ends": "end.terminal_result",
     "cancel_cancels_task": "cancel.task_survives",
     "unprefixed_types": "event.type_prefixed",
     "payload_not_object": "event.payload_object",
@@ -58,15 +59,20 @@ TWO_CALLERS = ("--header", "Authorization: Bearer alice", "--other-header", "Aut
 
 VARIANT_KIT_OPTIONS = ("--era", "legacy", "--timeout", "3", "--args", '{"steps": 6, "delay": 0.15}', *TWO_CALLERS)
 """How the kit is run against a broken variant (and the correct server it is compared with), kept short:
-2025-11-25 shows every defect; `slow_build` still emits 15 events, in 0.9 s; a 2 s bound on each wait
-keeps the stream that never ends (no_terminal_result) short and is still twice the task."""
+2025-11-25 shows every defect; `slow_build` still emits 15 events, in 0.9 s; a 3 s bound on each wait
+keeps the streams that never end (no_terminal_result, stream_never_ends) short and is still three times
+the task."""
 
 KIT_TIMEOUT = 150.0
 """Seconds one run of the kit may take (a run is a few seconds per era; each of its waits is bounded)."""
+HUNG_KIT_TIMEOUT = 90.0
+"""Seconds a run with the default --timeout may take against a target whose streams never end (the
+kit stops an era at the first such stream: about 2 x (the task + 15 s) in all)."""
 
 
-async def run_kit(url: str, *options: str) -> tuple[int, dict[str, Any], str]:
-    """`mcp-task-gateway conformance URL *options` as a subprocess: (exit status, JSON report, table)."""
+async def run_kit(url: str, *options: str, bound: float = KIT_TIMEOUT) -> tuple[int, dict[str, Any], str]:
+    """`mcp-task-gateway conformance URL *options` as a subprocess, which must end within `bound` seconds:
+    (exit status, JSON report, table)."""
     with tempfile.TemporaryDirectory(prefix="conformance-") as tmp:
         report = Path(tmp) / "report.json"
         proc = await asyncio.create_subprocess_exec(
@@ -74,7 +80,7 @@ async def run_kit(url: str, *options: str) -> tuple[int, dict[str, Any], str]:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
         try:
-            async with asyncio.timeout(KIT_TIMEOUT):
+            async with asyncio.timeout(bound):
                 output, _ = await proc.communicate()
         finally:
             if proc.returncode is None:
@@ -100,7 +106,7 @@ def assert_conforms(code: int, report: dict[str, Any], table_text: str, eras: tu
 
 def summary_line(report: dict[str, Any]) -> str:
     tally = report["summary"]
-    return f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
+    return f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped, {tally['info']} info"
 
 
 # -- against real targets -------------------------------------------------------------------------
@@ -170,6 +176,49 @@ async def test_the_native_reference_server_conforms_in_both_eras(tmp_path: Path)
     # Everything else ran and passed: events_gone (retention overrun) and authorization (two callers) included.
     assert set(skipped) == {("modern", "stream.one_per_task"), ("modern", "modern.name_header")}, text
     assert "does not read Mcp-Name on tasks/stream" in skipped["modern", "modern.name_header"]
+
+
+async def test_a_server_advertising_no_retention_fields_conforms_and_its_retention_is_reported(
+    tmp_path: Path,
+) -> None:
+    """SEP-2694 names no retention field: `eventStreams: {}` is reported (info), never failed."""
+    async with native_server(tmp_path, "--no-retention-fields") as url:
+        code, report, text = await run_kit(url, "--era", "both")
+    assert_conforms(code, report, text, ERAS)
+    retention = {r["era"]: r for r in report["results"] if r["id"] == "capability.retention_fields"}
+    assert {era: r["status"] for era, r in retention.items()} == {"legacy": "info", "modern": "info"}, text
+    assert "advertises no retention" in retention["legacy"]["reason"]
+    assert retention["legacy"]["evidence"] == [{"advertised": {}}]
+    assert ("legacy", "capability.event_streams") in outcomes(report, "pass")
+
+
+async def test_advertised_retention_is_reported_with_its_values(tmp_path: Path) -> None:
+    async with native_server(tmp_path, *OVERRUN_RETENTION) as url:
+        code, report, text = await run_kit(url, "--era", "legacy")
+    assert code == 0, text
+    (retention,) = [r for r in report["results"] if r["id"] == "capability.retention_fields"]
+    assert retention["status"] == "info" and '"maxEventsPerTask":10' in retention["reason"], text
+    assert "info  capability.retention_fields" in text
+
+
+@pytest.mark.parametrize("variant", ["stream_never_ends", "no_terminal_result"])
+async def test_a_stream_that_never_ends_fails_both_eras_within_the_default_timeout(
+    tmp_path: Path, variant: str
+) -> None:
+    """No terminal event and no end (stream_never_ends), or every event and then no answer
+    (no_terminal_result): with the default --timeout the whole run ends (bounded by HUNG_KIT_TIMEOUT),
+    failing end.terminal_result in each era with the reason, the rest of the era skipped with it."""
+    async with native_server(tmp_path, variant=variant) as url:
+        code, report, text = await run_kit(url, "--era", "both", bound=HUNG_KIT_TIMEOUT)
+    assert code == 1, text
+    assert outcomes(report, "fail") == {("legacy", "end.terminal_result"), ("modern", "end.terminal_result")}, text
+    for result in report["results"]:
+        if result["id"] == "end.terminal_result":
+            assert "did not end within 15 s after the task was completed" in result["reason"], text
+    skipped = [r for r in report["results"] if r["status"] == "skip"]
+    assert {r["id"] for r in skipped} >= {"history.late_joiner", "resume.after_cursor", "cancel.task_survives"}
+    assert all("not played" in r["reason"] for r in skipped if r["id"] == "history.late_joiner"), text
+    assert "Traceback" not in text
 
 
 NATIVE_UPSTREAM_ARGS = ("--args", '{"steps": 12, "delay": 0.25}')
@@ -287,6 +336,7 @@ def sample_results() -> list[Result]:
         Result(BY_ID["seq.starts_at_zero"], "legacy", "pass"),
         Result(BY_ID["seq.contiguous"], "legacy", "fail", "seq 2 followed seq 0", [{"request": {"id": 3}}]),
         Result(BY_ID["auth.same_as_tasks_get"], "modern", "skip", "no second credential set"),
+        Result(BY_ID["capability.retention_fields"], "modern", "info", "advertised {}"),
     ]
 
 
@@ -299,7 +349,9 @@ def test_table_groups_by_era_and_section_and_ends_with_the_summary() -> None:
     assert lines[3].split()[:2] == ["FAIL", "seq.contiguous"] and lines[3].endswith("seq 2 followed seq 0")
     assert json.loads(lines[4]) == {"request": {"id": 3}}
     assert "2026-07-28 (modern)" in lines and "  authorization" in lines
-    assert lines[-1] == "1 passed, 1 failed, 1 skipped" == summary(sample_results())
+    assert lines[-1] == "1 passed, 1 failed, 1 skipped, 1 info" == summary(sample_results())
+    assert lines[-3].split()[:2] == ["info", "capability.retention_fields"]
+    assert lines[-3].endswith("advertised {}")
 
 
 def test_junit_has_one_testcase_per_check_with_failure_and_skipped() -> None:
@@ -307,7 +359,7 @@ def test_junit_has_one_testcase_per_check_with_failure_and_skipped() -> None:
     suites = root.findall("testsuite")
     assert [(s.get("name"), s.get("tests"), s.get("failures"), s.get("skipped")) for s in suites] == [
         ("sep-2694 2025-11-25", "2", "1", "0"),
-        ("sep-2694 2026-07-28", "1", "0", "1"),
+        ("sep-2694 2026-07-28", "2", "0", "1"),
     ]
     cases = {case.get("name"): case for case in root.iter("testcase")}
     assert cases["seq.starts_at_zero"].find("failure") is None and cases["seq.starts_at_zero"].find("skipped") is None
@@ -317,11 +369,14 @@ def test_junit_has_one_testcase_per_check_with_failure_and_skipped() -> None:
     assert cases["seq.contiguous"].get("classname") == "conformance.legacy.sequence"
     skipped = cases["auth.same_as_tasks_get"].find("skipped")
     assert skipped is not None and skipped.get("message") == "no second credential set"
+    info = cases["capability.retention_fields"]
+    assert info.find("failure") is None and info.find("skipped") is None
+    assert (info.findtext("system-out") or "").endswith("info: advertised {}")
 
 
 def test_json_report() -> None:
     report = as_json("http://x/mcp", sample_results())
-    assert report["summary"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert report["summary"] == {"passed": 1, "failed": 1, "skipped": 1, "info": 1}
     first = report["results"][1]
     assert first["id"] == "seq.contiguous" and first["status"] == "fail" and first["level"] == "MUST"
     assert first["sentence"] == BY_ID["seq.contiguous"].sentence

@@ -476,6 +476,19 @@ async def no_terminal_result(connect: Connect) -> None:
         reply.close()
 
 
+async def stream_never_ends(connect: Connect) -> None:
+    client = await connect()
+    reply = await client.open("tasks/stream", {"taskId": await finished(client, SHORT)})
+    try:
+        for _ in SHORT_TYPES[:-1]:
+            await first_event(reply)
+        with pytest.raises(TimeoutError):  # neither the terminal task.status event nor the result comes
+            async with asyncio.timeout(1.0):
+                await reply.next()
+    finally:
+        reply.close()
+
+
 async def cancel_cancels_task(connect: Connect) -> None:
     client = await connect()
     task_id = await start(client, RUNNING)
@@ -525,6 +538,7 @@ DEFECTS: dict[str, Callable[[Connect], Awaitable[None]]] = {
         events_gone_no_earliest,
         events_gone_silent_skip,
         no_terminal_result,
+        stream_never_ends,
         cancel_cancels_task,
         unprefixed_types,
         payload_not_object,

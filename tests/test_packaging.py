@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,8 +154,9 @@ def test_dockerignore_keeps_what_the_image_needs() -> None:
     patterns = dockerignore_patterns(ROOT)
     for needed in ("pyproject.toml", "README.md", "gateway/__init__.py", "examples/build_server.py"):
         assert not dockerignored(needed, patterns), f".dockerignore drops {needed}"
-    for unwanted in (".git", ".venv", "gateway/__pycache__"):
-        assert dockerignored(unwanted, patterns), f".dockerignore lets {unwanted} into the image"
+    unwanted = (".git", ".venv", "gateway/__pycache__", "data", "node_modules", "tests/oidc/node_modules")
+    for path in unwanted:
+        assert dockerignored(path, patterns), f".dockerignore lets {path} into the image"
 
 
 # ------------------------------------------------------------------------------------------ Dockerfile
@@ -222,7 +225,7 @@ def test_dockerfile_shape(docker: list[tuple[str, str]]) -> None:
     """Non-root, the exposed port is the one the CMD listens on, and the health check probes /readyz there."""
     base = last(docker, "FROM")
     assert re.match(r"python:3\.11[.\w-]*slim", base), base
-    assert "pip install --no-cache-dir ." in last(docker, "RUN")
+    assert "pip install --no-cache-dir --no-deps ." in last(docker, "RUN")
     user = last(docker, "USER")
     assert user.split(":")[0] not in ("root", "0"), user
     cmd = exec_form(last(docker, "CMD"))
@@ -232,6 +235,49 @@ def test_dockerfile_shape(docker: list[tuple[str, str]]) -> None:
     health = last(docker, "HEALTHCHECK")
     assert f":{port}/readyz" in health, health
     assert "curl" not in health and "wget" not in health, "slim images have neither curl nor wget"
+
+
+def source_copy(docker: list[tuple[str, str]]) -> int:
+    """The index of the instruction that copies the whole build context."""
+    copies = [i for i, (kw, args) in enumerate(docker) if kw == "COPY" and args.split()[0] == "."]
+    assert len(copies) == 1, f"expected one `COPY . …`: {docker}"
+    return copies[0]
+
+
+def test_dependencies_are_installed_in_a_layer_before_the_source(docker: list[tuple[str, str]], tmp_path: Path) -> None:
+    """Only pyproject.toml is copied before the dependency install, which comes before `COPY . /app`; the
+    install's command, run here on the real pyproject.toml, lists exactly the project's dependencies."""
+    before = docker[: source_copy(docker)]
+    copied = [args.split()[:-1] for kw, args in before if kw == "COPY"]
+    assert copied == [["pyproject.toml"]], copied
+    (install,) = [args for kw, args in before if kw == "RUN" and "requirements.txt" in args]
+    assert "pip install --no-cache-dir -r /tmp/requirements.txt" in install
+    words = shlex.split(install)
+    script = words[words.index("-c") + 1]
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    listed = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30, check=True
+    )
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    assert listed.stdout.split() == dependencies
+
+
+def test_the_image_can_run_npm_and_pypi_stdio_upstreams(docker: list[tuple[str, str]]) -> None:
+    """node, npm/npx (Debian's nodejs and npm) and uv/uvx (from PyPI) are installed, and nothing is
+    downloaded outside a package manager; uvx uses the image's Python."""
+    runs = " ".join(args for kw, args in docker if kw == "RUN")
+    apt = re.search(r"apt-get install -y --no-install-recommends ([^&]+)", runs)
+    assert apt is not None and {"nodejs", "npm"} <= set(apt.group(1).split()), runs
+    assert re.search(r"pip install --no-cache-dir \"uv>=[\d.]+\"", runs), runs
+    assert "curl" not in runs and "wget" not in runs and "http" not in runs, runs
+    env = " ".join(args for kw, args in docker if kw == "ENV")
+    assert "UV_PYTHON_DOWNLOADS=never" in env
+
+
+def test_docs_note_host_gateway_on_linux() -> None:
+    flag = "--add-host=host.docker.internal:host-gateway"
+    assert flag in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert flag in DOCKERFILE.read_text(encoding="utf-8")
 
 
 @pytest.fixture

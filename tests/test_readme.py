@@ -14,6 +14,7 @@ Each example must exit 0 and print no traceback. Long-running examples (`make ru
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,3 +154,14 @@ def test_readme_example_runs(example: Example, gateway_port: int, tmp_path: Path
     output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
     assert done.returncode == 0, f"{example.name} exited {done.returncode}:\n{code}\n{output}"
     assert TRACEBACK not in done.stdout + done.stderr, f"{example.name} printed a traceback:\n{code}\n{output}"
+
+
+def test_the_quickstart_progress_callback_handles_progress_without_a_total(capsys: pytest.CaptureFixture[str]) -> None:
+    """MCP progress may come without `total`: the Quickstart's callback prints it rather than failing
+    (the example server always sends one, so the run above cannot show it)."""
+    (example,) = [e for e in runnable_examples(README.read_text(encoding="utf-8")) if "def show_progress" in e.code]
+    namespace: dict[str, Any] = {}
+    exec(example.code.partition("\nasync def main")[0], namespace)  # the imports and the callback only
+    asyncio.run(namespace["show_progress"](2, None, None))
+    asyncio.run(namespace["show_progress"](2.5, 5, "step 2"))
+    assert [line.rstrip() for line in capsys.readouterr().out.splitlines()] == ["2", "2.5/5 step 2"]

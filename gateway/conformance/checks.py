@@ -5,7 +5,9 @@ again as a late joiner, with a progress token, after a cursor, after its last ev
 and foreign requests; overrun retention where the target's advertised limits allow it; start a second
 task to try a second concurrent stream and a stream cancellation; and, with a second credential set,
 try another caller. A check is judged on every exchange that bears on it: the first violation fails
-it, with that exchange as evidence; a check nothing could exercise is skipped with the reason.
+it, with that exchange as evidence; a check nothing could exercise is skipped with the reason. A stream
+that does not end within the timeout after its task is terminal fails its ending check and stops the
+era's run (`StreamHung`): every later stream would wait as long.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ import orjson
 
 from gateway.client.stream import EVENTS_GONE_CODE, INVALID_PARAMS, MODERN_VERSION, TASKS_EXTENSION, GatewayError
 from gateway.conformance.probe import Exchange, Probe, clip, unknown_task_id
-from gateway.conformance.registry import Era, Result, checks_for
+from gateway.conformance.registry import Era, Result, Status, checks_for
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-RETENTION_FIELDS = ("maxEventAgeMs", "maxEventsPerTask", "terminalRetentionMs", "maxPayloadBytes")
 METHOD_NOT_FOUND = -32601
 HEADER_MISMATCH = -32020
 MISSING_CAPABILITY = -32021
@@ -41,8 +42,12 @@ class Target:
     headers: Mapping[str, str] = field(default_factory=dict)
     other_headers: Mapping[str, str] | None = None
     """A second credential set, for the authorization check; None skips it."""
-    timeout: float = 30.0
-    """Bound on each wait: one answer, one stream, a task reaching its end."""
+    timeout: float = 15.0
+    """Bound on each wait: one answer, one stream, a task reaching its end, a stream's end after that."""
+
+
+class StreamHung(Exception):
+    """A stream did not end within the timeout after its task was terminal: the era's run stops here."""
 
 
 class Verdicts:
@@ -68,14 +73,26 @@ class Verdicts:
         self._decided.add(check_id)
 
     def skip(self, check_id: str, reason: str, *evidence: dict[str, Any]) -> None:
+        self._settle(check_id, "skip", reason, evidence)
+
+    def info(self, check_id: str, reason: str, *evidence: dict[str, Any]) -> None:
+        """Report what was seen for a check that cannot fail (a SHOULD the SEP gives no wire form)."""
+        self._settle(check_id, "info", reason, evidence)
+
+    def _settle(self, check_id: str, status: Status, reason: str, evidence: Sequence[dict[str, Any]]) -> None:
         if check_id not in self._decided:
-            self._results[check_id] = Result(self._results[check_id].check, self.era, "skip", reason, list(evidence))
+            self._results[check_id] = Result(self._results[check_id].check, self.era, status, reason, list(evidence))
             self._decided.add(check_id)
 
     def block(self, reason: str, *evidence: dict[str, Any]) -> None:
         """Stop the run: `setup.run` fails with `reason`, and every check not yet decided is skipped with it."""
         self.blocked = self.blocked or reason
         self.judge("setup.run", False, self.blocked, *evidence)
+
+    def stop(self, reason: str) -> None:
+        """Stop the run for a fault a check has already failed on: every check not yet decided is skipped
+        with `reason` (`setup.run` does not fail: the kit did its part)."""
+        self.blocked = self.blocked or reason
 
     def results(self) -> list[Result]:
         self.judge("setup.run", True, "")
@@ -162,18 +179,19 @@ class Scenario:
         if advertised is None:
             reason = f"{where} is not advertised (MAY)"
             self.v.skip("capability.event_streams", reason, evidence)
-            self.v.skip("capability.retention_fields", reason, evidence)
+            self.v.info("capability.retention_fields", f"{reason}: no retention advertised", evidence)
             return
         self.v.judge("capability.event_streams", isinstance(advertised, dict), f"{where} must be an object", evidence)
-        if not isinstance(advertised, dict):
-            self.v.skip("capability.retention_fields", f"{where} is not an object")
-            return
-        self.retention = advertised
-        wrong = [name for name in RETENTION_FIELDS if not is_seq(advertised.get(name))]
-        self.v.judge(
+        if isinstance(advertised, dict):
+            self.retention = advertised
+        # SEP-2694 asks receivers to document retention and names no field for it: whatever is (or is not)
+        # advertised is reported, never judged. maxEventsPerTask, if given, only helps read the streams.
+        shown = orjson.dumps(advertised, option=orjson.OPT_SORT_KEYS).decode()
+        if len(shown) > 200:
+            shown = shown[:200] + "…"
+        self.v.info(
             "capability.retention_fields",
-            not wrong,
-            f"{where} lacks or mistypes {', '.join(wrong)} (non-negative integers)",
+            f"advertised {where} = {shown}" if advertised else f"{where} advertises no retention",
             {"advertised": clip(advertised)},
         )
 
@@ -209,6 +227,7 @@ class Scenario:
             )
         else:
             self.v.judge("seq.starts_at_zero", seqs[0] == 0, f"the first event has seq {seqs[0]!r}", live.evidence())
+        self.ended(live)
         self.v.judge(
             "end.terminal_result",
             empty_result(live.result, self.era),
@@ -220,6 +239,27 @@ class Scenario:
             self.v.block(f"the task did not end within {self.target.timeout:g} s (status {status!r})")
             return None, None
         return task_id, live
+
+    async def stream(
+        self,
+        task_id: str,
+        after: object = None,
+        *,
+        progress_token: str | None = None,
+        ending: str = "end.terminal_result",
+    ) -> Exchange:
+        """`Probe.stream`, and `ended` on it (with `ending`, the check a stream that does not end fails)."""
+        exchange = await self.probe.stream(task_id, after, progress_token=progress_token)
+        self.ended(exchange, ending)
+        return exchange
+
+    def ended(self, exchange: Exchange, ending: str = "end.terminal_result") -> None:
+        """A stream that did not end within the timeout after its task was terminal fails `ending` and
+        stops the run (StreamHung)."""
+        if not exchange.hung_after:
+            return
+        self.v.judge(ending, False, f"{exchange.problem} (a stream of an ended task must end)", exchange.evidence())
+        raise StreamHung(f"not played: {exchange.problem} (see {ending}); every later stream would wait as long")
 
     def may_have_dropped(self, seqs: Sequence[object]) -> bool:
         """Whether retention may have dropped the first of a task's events whose last seq is in `seqs`:
@@ -276,7 +316,7 @@ class Scenario:
     async def replays(self, task_id: str, live: Exchange) -> Exchange:
         """The ended task streamed again: from the start, with a progress token, after a cursor, after
         its last event. Returns the late joiner's stream."""
-        late = await self.probe.stream(task_id)
+        late = await self.stream(task_id)
         self.shape(late, task_id)
         history = [e for e in live.events if isinstance(e, dict) and is_seq(e.get("seq"))]
         seqs = [e["seq"] for e in history]
@@ -293,7 +333,7 @@ class Scenario:
             late.evidence(),
             live.evidence("the live stream"),
         )
-        with_token = await self.probe.stream(task_id, progress_token="conformance-progress")
+        with_token = await self.stream(task_id, progress_token="conformance-progress")
         self.shape(with_token, task_id)
         self.v.judge(
             "progress.not_events",
@@ -311,7 +351,7 @@ class Scenario:
         if cursor >= last:
             self.v.skip("resume.after_cursor", f"fewer than two retained events (earliest {earliest}, last {last})")
         else:
-            resumed = await self.probe.stream(task_id, cursor)
+            resumed = await self.stream(task_id, cursor)
             self.shape(resumed, task_id, cursor)
             wanted = [event_key(e) for e in history if e["seq"] > cursor]
             self.v.judge(
@@ -320,7 +360,7 @@ class Scenario:
                 f"after {cursor} must deliver exactly seqs {cursor + 1}…{last}, then the empty result",
                 resumed.evidence(),
             )
-        at_end = await self.probe.stream(task_id, last)
+        at_end = await self.stream(task_id, last, ending="end.terminal_immediate")
         self.v.judge(
             "end.terminal_immediate",
             not at_end.events and empty_result(at_end.result, self.era),
@@ -424,7 +464,7 @@ class Scenario:
             for check_id in (*ids, "events_gone.resume_from_earliest"):
                 self.v.skip(check_id, reason, late.evidence())
             return
-        gone = await self.probe.stream(task_id, earliest - 2)
+        gone = await self.stream(task_id, earliest - 2)
         error = gone.error or {}
         data = error.get("data")
         data = data if isinstance(data, dict) else {}
@@ -454,7 +494,7 @@ class Scenario:
             late.evidence("a stream without after"),
         )
         start = reported if is_seq(reported) and reported >= 1 else earliest
-        resumed = await self.probe.stream(task_id, start - 1)
+        resumed = await self.stream(task_id, start - 1)
         self.shape(resumed, task_id, start - 1)
         wanted = [
             event_key(e) for e in live.events if isinstance(e, dict) and is_seq(e.get("seq")) and e["seq"] >= start
@@ -522,6 +562,8 @@ async def run_era(target: Target, era: Era) -> list[Result]:
             Probe(target.url, era, target.headers, target.timeout) as probe,
         ):
             await Scenario(probe, target, verdicts).run()
+    except StreamHung as exc:
+        verdicts.stop(str(exc))
     except TimeoutError:
         verdicts.block("the run did not finish in time")
     except (GatewayError, OSError) as exc:  # e.g. nothing answered the initialize

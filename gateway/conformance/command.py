@@ -39,7 +39,7 @@ def main(
     args_json: str | None = None,
     headers: Sequence[str] = (),
     other_headers: Sequence[str] | None = None,
-    timeout: float = 30.0,
+    timeout: float = 15.0,
     json_path: str | None = None,
     junit_path: str | None = None,
 ) -> int:

@@ -5,7 +5,8 @@ The session, the 2026-07-28 envelope and the routing headers come from the proje
 (`GatewayClient`); the kit posts the exact message it wants (malformed ones included) and reads every
 message of the answer itself, so it sees codes and notifications the client would hide. Every read is
 bounded by the probe's timeout; a timeout or a dropped connection is recorded as the exchange's
-`problem`, never raised.
+`problem`, never raised. A `tasks/stream` is also watched with `tasks/get`: once its task is terminal,
+the stream has one more timeout to end, and one that does not is recorded as `hung_after`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ EVIDENCE_EVENTS = 12
 """How many events an evidence entry lists (seq and type); the count is always given."""
 EVIDENCE_CHARS = 1500
 """Longer JSON values in evidence are cut to this many characters."""
+STATUS_POLL_S = 0.2
+"""How often the kit asks tasks/get whether a task is terminal (while waiting for it, or for its stream)."""
 
 
 def clip(value: Any) -> Any:
@@ -56,6 +59,8 @@ class Exchange:
     answer: Message | None = None
     problem: str = ""
     """Why there is no answer: a timeout, a dropped connection (empty when there is one)."""
+    hung_after: str = ""
+    """For a stream that did not end within the timeout after its task was terminal: that terminal status."""
 
     @property
     def events(self) -> list[Any]:
@@ -128,26 +133,39 @@ class Call:
         self.exchange.http_status = self._response.status
         self._messages = self.probe.client.messages(self._response).__aiter__()
 
-    async def read_until(self, stop: Callable[[Message], bool]) -> bool:
-        """Read messages until one satisfies `stop` (True), or the answer, the end or the timeout (False)."""
+    async def read_until(self, stop: Callable[[Message], bool], *, task_id: str | None = None) -> bool:
+        """Read messages until one satisfies `stop` (True), or the answer, the end or the timeout (False).
+        With `task_id` (a stream of that task), the timeout starts again when the task is seen terminal."""
         if self._messages is None or self.done:
             return False
         request_id = self.exchange.request.get("id")
+        terminal: list[object] = []
         try:
-            async with asyncio.timeout(self.probe.timeout):
-                async for message in self._messages:
-                    if answers(message, request_id):
-                        self.exchange.answer = message
-                        self.close()
-                        return False
-                    self.exchange.messages.append(message)
-                    if "method" in message and "id" in message:
-                        await self.probe.decline(message)
-                    if stop(message):
-                        return True
-            self.exchange.problem = "the response ended without an answer"
+            async with asyncio.timeout(self.probe.timeout) as bound:
+                watcher = None if task_id is None else asyncio.create_task(self.probe.watch(task_id, bound, terminal))
+                try:
+                    async for message in self._messages:
+                        if answers(message, request_id):
+                            self.exchange.answer = message
+                            break
+                        self.exchange.messages.append(message)
+                        if "method" in message and "id" in message:
+                            await self.probe.decline(message)
+                        if stop(message):
+                            return True
+                    else:
+                        self.exchange.problem = "the response ended without an answer"
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()
+                        await asyncio.gather(watcher, return_exceptions=True)
         except TimeoutError:
             self.exchange.problem = f"no answer within {self.probe.timeout:g} s"
+            if terminal:
+                self.exchange.hung_after = str(terminal[0])
+                self.exchange.problem = (
+                    f"the stream did not end within {self.probe.timeout:g} s after the task was {terminal[0]}"
+                )
         except GatewayError as exc:
             self.exchange.problem = str(exc)
         self.close()
@@ -179,7 +197,9 @@ class Probe:
     def __init__(self, url: str, era: Era, headers: Mapping[str, str], timeout: float) -> None:
         self.era = era
         self.timeout = timeout
-        self.client = GatewayClient(url, era=era, headers=headers, idle_timeout=timeout, connect_timeout=timeout)
+        # Every read is bounded by the kit's own deadline, which a terminal status restarts (Call.read_until):
+        # the socket's idle bound only backs it up, so it must not fire first.
+        self.client = GatewayClient(url, era=era, headers=headers, idle_timeout=3 * timeout, connect_timeout=timeout)
 
     async def __aenter__(self) -> Probe:
         async with asyncio.timeout(self.timeout):
@@ -216,8 +236,24 @@ class Probe:
         return self.message("tasks/stream", params)
 
     async def stream(self, task_id: str, after: object = None, *, progress_token: str | None = None) -> Exchange:
-        """A whole `tasks/stream`: every event, then its answer (or the problem)."""
-        return await self.call(self.stream_message(task_id, after, progress_token=progress_token))
+        """A whole `tasks/stream`: every event, then its answer (or the problem). It has the timeout to
+        end, and once its task is terminal, the timeout again from then (`Exchange.hung_after` if not)."""
+        call = await self.open(self.stream_message(task_id, after, progress_token=progress_token))
+        await call.read_until(lambda message: False, task_id=task_id)
+        return call.exchange
+
+    async def watch(self, task_id: str, bound: asyncio.Timeout, terminal: list[object]) -> None:
+        """Poll tasks/get until `task_id` is terminal, then give `bound` the timeout from now and put the
+        status in `terminal`. Stops quietly when tasks/get is refused (another caller, an unknown task)."""
+        while True:
+            status, exchange = await self.task_status(task_id)
+            if status in TERMINAL_STATUSES:
+                terminal.append(status)
+                bound.reschedule(asyncio.get_running_loop().time() + self.timeout)
+                return
+            if exchange.result is None:
+                return
+            await asyncio.sleep(STATUS_POLL_S)
 
     async def decline(self, request: Message) -> None:
         """A server request on a response (sampling, elicitation): the kit offers none, so it says so."""
@@ -260,7 +296,7 @@ class Probe:
             status, exchange = await self.task_status(task_id)
             if status in TERMINAL_STATUSES or exchange.error or asyncio.get_running_loop().time() >= deadline:
                 return status, exchange
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(STATUS_POLL_S)
 
 
 def unknown_task_id() -> str:

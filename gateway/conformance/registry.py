@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 Era = Literal["legacy", "modern"]
 Level = Literal["MUST", "SHOULD", "MAY"]
-Status = Literal["pass", "fail", "skip"]
+Status = Literal["pass", "fail", "skip", "info"]
+"""`info`: what a check that cannot fail saw (`capability.retention_fields`)."""
 
 ERAS: tuple[Era, ...] = ("legacy", "modern")
 ERA_VERSIONS: dict[Era, str] = {"legacy": "2025-11-25", "modern": "2026-07-28"}
@@ -65,7 +66,9 @@ CHECKS: tuple[Check, ...] = (
         "MUST",
         "(kit precondition) The target answers, and the given tool runs as a task that emits events.",
         "The kit reaches the target, starts the tool as a task and plays every scenario within its time bounds; "
-        "when it cannot, this check fails with the reason and the checks not reached are skipped with it.",
+        "when it cannot, this check fails with the reason and the checks not reached are skipped with it. (A "
+        "stream that does not end stops the run too, but fails end.terminal_result or end.terminal_immediate "
+        "instead.)",
     ),
     Check(
         "method.exists",
@@ -92,8 +95,10 @@ CHECKS: tuple[Check, ...] = (
         "SHOULD",
         "Receivers SHOULD document: Maximum event age, Maximum events per task, Terminal retention, Payload "
         "size limits.",
-        "The advertised `eventStreams` carries `maxEventAgeMs`, `maxEventsPerTask`, `terminalRetentionMs` and "
-        "`maxPayloadBytes`, each a non-negative integer. Skipped when nothing is advertised.",
+        "Reported, never failed (status `info`): SEP-2694 asks for retention to be documented and names no "
+        "capability field for it, so the kit shows what the `eventStreams` capability advertises, if anything. "
+        "An integer `maxEventsPerTask` there (the name this gateway uses) only tells the kit when early events "
+        "may have been dropped.",
     ),
     Check(
         "request.task_id",
@@ -208,7 +213,9 @@ CHECKS: tuple[Check, ...] = (
         "MUST",
         "When the receiver closes the stream normally, it returns an empty result (TaskStreamResult = EmptyResult).",
         "The live stream of a task that ends closes with the era's empty result: `{}` (2025-11-25) or "
-        '`{"resultType": "complete"}` (2026-07-28), `_meta` allowed.',
+        '`{"resultType": "complete"}` (2026-07-28), `_meta` allowed. Any stream the kit reads (live, late, resumed) '
+        "must end within `--timeout` after tasks/get shows its task terminal; one that does not fails here and "
+        "stops the era's run (every later stream would wait as long), its remaining checks skipped with the reason.",
     ),
     Check(
         "end.terminal_immediate",
@@ -217,7 +224,8 @@ CHECKS: tuple[Check, ...] = (
         "If the receiver has no retained events with seq greater than the supplied value and the task has "
         "reached a terminal state, the receiver MUST return TaskStreamResult immediately with no event "
         "notifications.",
-        "On the ended task, `after` = its last seq is answered with the era's empty result and no event.",
+        "On the ended task, `after` = its last seq is answered with the era's empty result and no event, within "
+        "`--timeout`.",
     ),
     Check(
         "events_gone.not_silent",

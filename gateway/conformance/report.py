@@ -1,6 +1,6 @@
 """The kit's reports: the human table (grouped by era and section, with a summary line), JUnit XML for
 CI systems (one testcase per check and era) and JSON for tools. All three are pure functions of the
-results."""
+results. An `info` result is neither a pass nor a failure: the table and JSON show what it saw."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 
 from gateway.conformance.registry import ERA_VERSIONS, Result
 
-MARKS = {"pass": "PASS", "fail": "FAIL", "skip": "skip"}
+MARKS = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "info": "info"}
 
 
 def counts(results: Sequence[Result]) -> Counter[str]:
@@ -21,7 +21,7 @@ def counts(results: Sequence[Result]) -> Counter[str]:
 
 def summary(results: Sequence[Result]) -> str:
     tally = counts(results)
-    return f"{tally['pass']} passed, {tally['fail']} failed, {tally['skip']} skipped"
+    return f"{tally['pass']} passed, {tally['fail']} failed, {tally['skip']} skipped, {tally['info']} info"
 
 
 def table(results: Sequence[Result], *, evidence: bool = True) -> str:
@@ -48,7 +48,7 @@ def as_json(target: str, results: Sequence[Result]) -> dict[str, Any]:
     tally = counts(results)
     return {
         "target": target,
-        "summary": {"passed": tally["pass"], "failed": tally["fail"], "skipped": tally["skip"]},
+        "summary": {"passed": tally["pass"], "failed": tally["fail"], "skipped": tally["skip"], "info": tally["info"]},
         "results": [
             {
                 "id": result.check.id,
@@ -90,6 +90,9 @@ def junit(target: str, results: Sequence[Result]) -> str:
                 ElementTree.SubElement(case, "failure", message=result.reason).text = evidence
             elif result.status == "skip":
                 ElementTree.SubElement(case, "skipped", message=result.reason)
-            ElementTree.SubElement(case, "system-out").text = f"{result.check.level}: {result.check.sentence}"
+            out = f"{result.check.level}: {result.check.sentence}"
+            if result.status == "info":
+                out += f"\ninfo: {result.reason}"
+            ElementTree.SubElement(case, "system-out").text = out
     ElementTree.indent(suites)
     return ElementTree.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

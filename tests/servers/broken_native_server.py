@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from native_stream_server import (
     EVENT_PREFIX,
+    TERMINAL,
     NativeTasks,
     Task,
     TaskEvent,
@@ -86,11 +87,22 @@ class EventsGoneSilentSkip(NativeTasks):
 
 
 class NoTerminalResult(NativeTasks):
-    """The stream never ends: no TaskStreamResult after the last event (check ``end.terminal_result``)."""
+    """The stream never ends: every event (the terminal ``task.status`` one too), then no TaskStreamResult:
+    the request never returns after the terminal status (check ``end.terminal_result``)."""
 
     async def stream_result(self) -> dict[str, Any]:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
+
+
+class StreamNeverEnds(NativeTasks):
+    """The stream withholds the task's terminal ``task.status`` event and so never ends: no terminal event,
+    no TaskStreamResult, though tasks/get shows the task ended (check ``end.terminal_result``, within the
+    kit's ``--timeout``)."""
+
+    def events_from(self, task: Task, seq: int) -> list[TaskEvent]:
+        ending = f"{EVENT_PREFIX}.task.status"
+        return [e for e in super().events_from(task, seq) if e.type != ending or e.payload["status"] not in TERMINAL]
 
 
 class CancelCancelsTask(NativeTasks):
@@ -137,6 +149,7 @@ VARIANTS: dict[str, type[NativeTasks]] = {
     "events_gone_no_earliest": EventsGoneNoEarliest,
     "events_gone_silent_skip": EventsGoneSilentSkip,
     "no_terminal_result": NoTerminalResult,
+    "stream_never_ends": StreamNeverEnds,
     "cancel_cancels_task": CancelCancelsTask,
     "unprefixed_types": UnprefixedTypes,
     "payload_not_object": PayloadNotObject,
