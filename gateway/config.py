@@ -605,7 +605,7 @@ def describe_errors(exc: ValidationError) -> str:
 
 
 def unknown_key(loc: tuple[int | str, ...]) -> str:
-    """"unknown key", with the closest key its section has when one is close (a typo)."""
+    """The reason for an unknown key: with the closest key of its section when one is close (a typo)."""
     section: type[BaseModel] | None = Config
     for part in loc[:-1]:  # down the sections the key sits in; a list's index stays in the same model
         if section is None or isinstance(part, int):
