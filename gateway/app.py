@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import assert_never
+from typing import Any, assert_never
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -326,9 +326,10 @@ LISTEN_BACKLOG = 128
 
 async def bind_listeners(listen: str) -> list[socket.socket]:
     """Listening sockets on every address `listen`'s host resolves to, bound as asyncio's create_server
-    binds them (SO_REUSEADDR, IPv6 only on IPv6); with port 0, the port drawn for the first serves all.
-    Bound before anything else starts, so a port in use stops the start before the stores are opened or
-    the upstream is started; a connection arriving meanwhile waits until the gateway serves."""
+    binds them (SO_REUSEADDR, IPv6 only on IPv6, an address family this host lacks skipped); with port 0,
+    the port drawn for the first serves all. Bound before anything else starts, so a port in use stops
+    the start before the stores are opened or the upstream is started; a connection arriving meanwhile
+    waits in the backlog until the gateway serves."""
     host, port = parse_listen(listen)
     try:
         addresses = await asyncio.get_running_loop().getaddrinfo(
@@ -337,24 +338,40 @@ async def bind_listeners(listen: str) -> list[socket.socket]:
     except OSError as exc:
         raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(addresses):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            if port == 0 and len(sockets) > 1:
-                address = (address[0], sockets[0].getsockname()[1], *address[2:])
-            sock.bind(address)
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-    except OSError as exc:
+    failure: OSError | None = None
+    for family, kind, proto, _, address in dict.fromkeys(addresses):
+        if port == 0 and sockets:
+            address = (address[0], sockets[0].getsockname()[1], *address[2:])
+        try:
+            sockets.append(_listening_socket(family, kind, proto, address))
+        except OSError as exc:
+            failure = exc
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                continue  # this host lacks the family (an IPv6 "localhost" without IPv6), as asyncio skips it
+            break
+    if failure is not None and (not sockets or failure.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)):
         for sock in sockets:
             sock.close()
-        hint = " (another gateway? stop it, or pass --listen HOST:PORT)" if exc.errno == errno.EADDRINUSE else ""
-        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}{hint}") from None
+        hint = " (another gateway? stop it, or pass --listen HOST:PORT)" if failure.errno == errno.EADDRINUSE else ""
+        raise ListenError(f"cannot listen on {listen}: {failure.strerror or failure}{hint}")
     return sockets
+
+
+def _listening_socket(
+    family: socket.AddressFamily, kind: socket.SocketKind, proto: int, address: tuple[Any, ...]
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
