@@ -8,19 +8,23 @@ Besides the MCP endpoint it serves `/healthz` (liveness: 200 while the process s
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import assert_never
+from pathlib import Path
+from typing import Any, assert_never
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.buffers import BufferBudget
-from gateway.config import Config, parse_listen, url_host
+from gateway.config import Config, StoreConfig, parse_listen, url_host
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
@@ -132,6 +136,17 @@ def build_stores(config: Config) -> Stores:
         tasks = RedisTaskStore(backend, cap, terminal_retention_s=retention.terminal_retention_s)
         return Stores(tasks, redis_log, backend.check, leases=RedisLeases(backend), secret=backend.secret)
     assert_never(kind)
+
+
+def describe_store(store: StoreConfig) -> str:
+    """The store's kind and place, for the start-up line (never a Redis password)."""
+    if store.kind == "sqlite":
+        return f"sqlite {Path(store.path).resolve()}"
+    if store.kind == "redis":
+        url = urlsplit(store.url)
+        where = url.path if url.scheme == "unix" else f"{url.scheme}://{url.hostname}:{url.port or 6379}{url.path}"
+        return f"redis {where} (key prefix {store.key_prefix!r})"
+    return "memory (lost when the gateway stops)"
 
 
 @web.middleware
@@ -301,20 +316,93 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     return app
 
 
-async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
-    host, port = parse_listen(config.server.listen)
-    tls = tls_context(config.server)
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
+class ListenError(Exception):
+    """The listen address cannot be bound (in use, not this host's, a privileged port)."""
+
+
+LISTEN_BACKLOG = 128
+"""aiohttp's own default backlog."""
+
+
+async def bind_listeners(listen: str) -> list[socket.socket]:
+    """Listening sockets on every address `listen`'s host resolves to, bound as asyncio's create_server
+    binds them (SO_REUSEADDR, IPv6 only on IPv6, an address family this host lacks skipped); with port 0,
+    the port drawn for the first serves all. Bound before anything else starts, so a port in use stops
+    the start before the stores are opened or the upstream is started; a connection arriving meanwhile
+    waits in the backlog until the gateway serves."""
+    host, port = parse_listen(listen)
     try:
-        await site.start()
-        url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}{config.server.path}"
-        # Listening, not necessarily usable: readiness logs the upstream's state on its own.
-        log.info("gateway listening", extra={"url": url})
-        if on_ready is not None:
-            on_ready(url)
-        await asyncio.Event().wait()
+        addresses = await asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    failure: OSError | None = None
+    for family, kind, proto, _, address in dict.fromkeys(addresses):
+        if port == 0 and sockets:
+            address = (address[0], sockets[0].getsockname()[1], *address[2:])
+        try:
+            sockets.append(_listening_socket(family, kind, proto, address))
+        except OSError as exc:
+            failure = exc
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                continue  # this host lacks the family (an IPv6 "localhost" without IPv6), as asyncio skips it
+            break
+    if failure is not None and (not sockets or failure.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)):
+        for sock in sockets:
+            sock.close()
+        hint = " (another gateway? stop it, or pass --listen HOST:PORT)" if failure.errno == errno.EADDRINUSE else ""
+        raise ListenError(f"cannot listen on {listen}: {failure.strerror or failure}{hint}")
+    return sockets
+
+
+def _listening_socket(
+    family: socket.AddressFamily, kind: socket.SocketKind, proto: int, address: tuple[Any, ...]
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening. ListenError
+    when the listen address cannot be bound, before anything else has started."""
+    tls = tls_context(config.server)
+    sockets = await bind_listeners(config.server.listen)
+    try:
+        runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        try:
+            for sock in sockets:
+                await web.SockSite(runner, sock, shutdown_timeout=2.0, ssl_context=tls).start()
+            host, _ = parse_listen(config.server.listen)
+            port = sockets[0].getsockname()[1]  # the one drawn, for port 0
+            url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}{config.server.path}"
+            # Listening, not necessarily usable: readiness logs the upstream's state on its own.
+            log.info(
+                "gateway listening",
+                extra={
+                    "url": url,
+                    "auth": config.auth.mode,
+                    "store": describe_store(config.store),
+                    "upstream": upstream_name(config.upstream),
+                },
+            )
+            if on_ready is not None:
+                on_ready(url)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
     finally:
-        await runner.cleanup()
+        for sock in sockets:
+            sock.close()

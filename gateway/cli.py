@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import shlex
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -33,6 +35,8 @@ HEADER_HELP = (
     "a header for every request, e.g. 'Authorization: Bearer TOKEN' for a gateway with [auth] (repeat; "
     "without an Authorization header, $MCP_GATEWAY_TOKEN is sent as one)"
 )
+DATA_DIR_ENV = "MCP_GATEWAY_DATA_DIR"
+"""The environment variable naming the data folder, when `serve --data-dir` does not."""
 ERA_HELP = "protocol era: legacy (2025-11-25, the default) or modern (2026-07-28)"
 
 
@@ -50,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-unauthenticated",
         action="store_true",
         help='with [auth] mode = "none", listen beyond loopback anyway (anyone who reaches it can call)',
+    )
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help=f"the folder of the SQLite store's file (default: ${DATA_DIR_ENV}, else the folder of [store] path, "
+        "data/); a second gateway in the same checkout needs one of its own",
     )
     upstream = serve.add_mutually_exclusive_group()
     upstream.add_argument(
@@ -164,7 +174,7 @@ def _seq(value: str) -> int:
 
 def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
     """Flags override the file; re-validate so a bad flag is reported like a bad key."""
-    data = config.model_dump()
+    data = in_data_dir(config, args.data_dir).model_dump()
     if args.listen:
         data["server"]["listen"] = args.listen
     if args.allow_unauthenticated:
@@ -177,6 +187,16 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"command line: {describe_errors(exc)}") from None
+
+
+def in_data_dir(config: Config, flag: str | None = None) -> Config:
+    """The SQLite store's file moved into the data folder: `--data-dir`, else $MCP_GATEWAY_DATA_DIR, else
+    where `[store] path` puts it (default data/). Its file name stays `[store] path`'s (gateway.db)."""
+    folder = flag or os.environ.get(DATA_DIR_ENV)
+    if not folder:
+        return config
+    path = str(Path(folder) / Path(config.store.path).name)
+    return config.model_copy(update={"store": config.store.model_copy(update={"path": path})})
 
 
 def _is_loopback(host: str) -> bool:
@@ -228,7 +248,7 @@ def _check_store(path: str, config: Config) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.app import serve
+    from gateway.app import ListenError, serve
     from gateway.logs import setup_logging
 
     config = _apply_flags(load_config(args.config), args)
@@ -249,7 +269,11 @@ def _serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await serve(config, announce)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except ListenError as exc:
+        print(f"mcp-task-gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -257,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "check-config":
-            config = load_config(args.path)
+            config = in_data_dir(load_config(args.path))
             if args.connect:
                 return _check_store(args.path, config)
             print(f"{args.path}: ok")

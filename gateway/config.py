@@ -6,11 +6,12 @@ typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -600,6 +601,30 @@ def describe_errors(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        reason = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        reason = unknown_key(error["loc"]) if error["type"] == "extra_forbidden" else error["msg"]
         parts.append(f"{key}: {reason}")
     return "; ".join(parts)
+
+
+def unknown_key(loc: tuple[int | str, ...]) -> str:
+    """The reason for an unknown key: with the closest key of its section when one is close (a typo)."""
+    section: type[BaseModel] | None = Config
+    for part in loc[:-1]:  # down the sections the key sits in; a list's index stays in the same model
+        if section is None or isinstance(part, int):
+            continue
+        field = section.model_fields.get(part)
+        section = _model_in(field.annotation) if field is not None else None
+    if section is None:
+        return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
+    return f"unknown key (did you mean `{close[0]}`?)" if close else "unknown key"
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The section model a field holds: itself, or the item of a list of them (None for plain values)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        return _model_in(item)
+    return None

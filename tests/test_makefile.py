@@ -1,4 +1,5 @@
-"""The Makefile: `make run` stops with make, and `.venv` is made again for another interpreter.
+"""The Makefile: `make run` stops with make, `make conformance` runs beside it, and `.venv` is made again
+for another interpreter.
 
 Stopping make stops the gateway (and the gateway its upstreams).
 
@@ -85,6 +86,52 @@ def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
         kill_all(started)
         with contextlib.suppress(subprocess.TimeoutExpired):
             make.wait(timeout=5)
+
+
+CONFORMANCE_TIMEOUT = 150.0
+"""Seconds `make conformance` may take (its kit bounds every wait by 30 s; a run takes about 30 s)."""
+
+
+@pytest.mark.timeout(START_TIMEOUT + CONFORMANCE_TIMEOUT + 2 * STOP_TIMEOUT)
+def test_make_conformance_runs_beside_make_run_in_the_same_checkout(tmp_path: Path) -> None:
+    """The README's tour: `make run` holds data/gateway.db, and `make conformance` (what CI runs) passes
+    beside it with a data folder of its own, while the first gateway goes on serving."""
+    port = free_port()
+    # PYTHONPATH stays: both gateways then run this checkout's code, as pytest imports it.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MCP_GATEWAY_DATA_DIR")}
+    log = tmp_path / "make-run.log"
+    with log.open("wb") as out:
+        make = subprocess.Popen(
+            ["make", "--no-print-directory", "run", f"ARGS=--listen 127.0.0.1:{port}", f"PYTHON={BIN / 'python'}"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while http_status(f"http://127.0.0.1:{port}/healthz") != 200:
+            assert make.poll() is None, f"make run exited with {make.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"no healthy gateway on port {port}:\n{log.read_text()}"
+            time.sleep(0.2)
+        started = descendants(make.pid)
+        assert f'"store":"sqlite {ROOT / "data" / "gateway.db"}"' in log.read_text(), log.read_text()
+
+        done = subprocess.run(
+            ["make", "--no-print-directory", "conformance", f"PYTHON={BIN / 'python'}"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CONFORMANCE_TIMEOUT,
+        )  # fmt: skip
+        gateway_log = ROOT / "reports" / "conformance-gateway.log"
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{gateway_log.read_text(errors='replace')}"
+        assert " 0 failed" in done.stdout, done.stdout
+        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200, log.read_text()
+        assert make.poll() is None, log.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(make.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            make.wait(timeout=STOP_TIMEOUT)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(make.pid, signal.SIGKILL)
+        kill_all(started)
 
 
 # -- which interpreter made .venv ------------------------------------------------------------------------

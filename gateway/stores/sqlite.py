@@ -147,7 +147,10 @@ class SqliteDatabase:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
-            raise StoreUnavailable(f"the SQLite store {self.path} is in use by another gateway process") from None
+            raise StoreUnavailable(
+                f"the SQLite store {self.path} is in use by another gateway process: stop that gateway, or give "
+                "this one a data folder of its own (serve --data-dir DIR, $MCP_GATEWAY_DATA_DIR, or [store] path)"
+            ) from None
         return lock
 
     def _open_writer(self) -> sqlite3.Connection:

@@ -12,7 +12,9 @@ gateway-chosen integer id, which is also its progress token, and responses, prog
 `notifications/cancelled` are mapped back. A process that dies fails its in-flight exchanges at once;
 the next request respawns it and, for a session, replays the recorded handshake first. A command that
 cannot be started, or a process that exits, fails the requests it had with the cause and is reported to
-the upstream's failure listeners (readiness); the gateway itself keeps running.
+the upstream's failure listeners (readiness); the gateway itself keeps running. Each process leads a
+process group of its own, and stopping it stops the whole group (`end_process_group`), so the server a
+wrapper such as `npx` started does not outlive it.
 
 Stdout is read with a small read-ahead (`READ_AHEAD_BYTES`), whatever `line_limit_bytes` is; a longer
 line is assembled from pieces (`next_line`). A line longer than `line_limit_bytes` is skipped without
@@ -150,6 +152,53 @@ async def next_line(reader: asyncio.StreamReader, limit: int) -> bytes | Oversiz
         return pieces.line()
 
 
+GROUP_POLL_S = 0.05
+"""How often a process group whose leader has exited is checked for members left (nothing signals it)."""
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to the process group (0: only check it); whether any process of it was there."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member that changed its credentials: still there, and out of reach
+        return True
+    return True
+
+
+async def _group_gone(proc: asyncio.subprocess.Process, within_s: float) -> bool:
+    """Wait up to `within_s` for the leader to exit and then for its group to empty."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=within_s)
+    except TimeoutError:
+        return False
+    while _signal_group(proc.pid, 0):
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(GROUP_POLL_S)
+    return True
+
+
+async def end_process_group(proc: asyncio.subprocess.Process, grace_s: float) -> int:
+    """Stop `proc` and every process of the group it leads (it was started in a session of its own, so
+    its group is its pid): close its stdin and wait up to `grace_s`, as the MCP stdio transport
+    prescribes; then SIGTERM the whole group and wait again; then SIGKILL it. A wrapper (`npx`, `uvx`,
+    a shell script) and what it started end together. Returns the leader's exit code.
+
+    Every stop of an upstream process goes through here: a session's end, a parked or recycled
+    process, a probe, the gateway's shutdown, and a process whose stdout ended."""
+    if proc.stdin is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if await _group_gone(proc, grace_s):
+            break
+        _signal_group(proc.pid, sig)
+    return await proc.wait()
+
+
 @dataclass(slots=True)
 class _Route:
     exchange: Exchange
@@ -186,6 +235,7 @@ class StdioProcess:
         self._routes: dict[int, _Route] = {}
         self._by_client_id: dict[RequestId, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._ending: asyncio.Task[int] | None = None
         self._stopping = False
         self._answered = False
         self._last_stderr = ""
@@ -227,6 +277,7 @@ class StdioProcess:
                 env=env,
                 cwd=self._config.cwd,
                 limit=READ_AHEAD_BYTES,
+                # A session, so a process group, of its own: `end_process_group` stops all it started.
                 start_new_session=True,
             )
         except OSError as exc:
@@ -431,11 +482,8 @@ class StdioProcess:
 
     async def _on_exit(self) -> None:
         assert self._proc is not None
-        try:
-            code = await asyncio.wait_for(self._proc.wait(), timeout=self._config.shutdown_timeout_s)
-        except TimeoutError:
-            self._proc.kill()
-            code = await self._proc.wait()
+        # Its stdout ended: the process is ending or gone, and what it started must not outlive it.
+        code = await self._end()
         await asyncio.wait(self._tasks[1:], timeout=STDERR_DRAIN_S)  # the stderr reader: its last line
         self.exit_cause = f"upstream process exited (code {code})"
         if not self._answered:
@@ -466,26 +514,23 @@ class StdioProcess:
             await self.channel.report_loss(f"the upstream process exited (code {code})")
 
     async def stop(self) -> None:
-        """Close stdin, wait, then SIGTERM, then SIGKILL, as the MCP stdio transport prescribes."""
-        proc = self._proc
-        if proc is None:
+        """Stop the process and every process it started (`end_process_group`), then its readers."""
+        if self._proc is None:
             return
         self._stopping = True
-        if proc.returncode is None:
-            if proc.stdin is not None:
-                with contextlib.suppress(Exception):
-                    proc.stdin.close()
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                if sig is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(sig)
-                try:
-                    await asyncio.wait_for(proc.wait(), timeout=self._config.shutdown_timeout_s)
-                    break
-                except TimeoutError:
-                    continue
+        await self._end()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _end(self) -> int:
+        """End the process's group once, however many ask (a stop, and its stdout's end); its exit code."""
+        assert self._proc is not None
+        if self._ending is None:
+            self._ending = asyncio.create_task(
+                end_process_group(self._proc, self._config.shutdown_timeout_s), name=f"stdio-end-{self._proc.pid}"
+            )
+        # Shielded: a cancelled caller must not leave the group half stopped.
+        return await asyncio.shield(self._ending)
 
 
 class StdioChannel(UpstreamChannel):
