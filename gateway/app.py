@@ -20,7 +20,7 @@ from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.buffers import BufferBudget
-from gateway.config import Config, parse_listen, url_host
+from gateway.config import Config, ServerConfig, parse_listen, url_host
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.auth import EdgeAuth
 from gateway.edge.endpoint import McpEndpoint
@@ -194,7 +194,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     tokens = OAuthTokens(config.auth) if config.auth.mode == "oauth" else None
-    auth = EdgeAuth(config.auth, config.server.path, tokens.validate if tokens is not None else None)
+    auth = EdgeAuth(config.auth, endpoint_url(config.server), tokens.validate if tokens is not None else None)
     endpoint = McpEndpoint(
         config.server,
         upstream,
@@ -301,6 +301,12 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     return app
 
 
+def endpoint_url(server: ServerConfig) -> str:
+    """The MCP endpoint's URL as `[server] listen` names it (https when the gateway serves TLS itself)."""
+    host, port = parse_listen(server.listen)
+    return f"{'https' if server.tls_cert else 'http'}://{url_host(host)}:{port}{server.path}"
+
+
 async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
     host, port = parse_listen(config.server.listen)
@@ -310,7 +316,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
     site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
     try:
         await site.start()
-        url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}{config.server.path}"
+        url = endpoint_url(config.server)
         # Listening, not necessarily usable: readiness logs the upstream's state on its own.
         log.info("gateway listening", extra={"url": url})
         if on_ready is not None:

@@ -148,7 +148,7 @@ class McpEndpoint:
             if kind is not Kind.RESPONSE:
                 check_fields(message)
             if kind is Kind.REQUEST:
-                self._check_call(request, principal, message)
+                self._check_call(principal, message)
             headers = forwardable_headers(request.headers)
             # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
             if era is Era.LEGACY:
@@ -157,9 +157,9 @@ class McpEndpoint:
         except ProtocolError as error:
             return self._refused(request, error, principal, message)
 
-    def _check_call(self, request: web.Request, principal: Principal, message: Message) -> None:
+    def _check_call(self, principal: Principal, message: Message) -> None:
         """A `tools/call` the tool's `[[auth.rules]]` entry refuses (403), or over its per-tool rate (429)."""
-        rule = self._auth.check_call(request, principal, message)
+        rule = self._auth.check_call(principal, message)
         if rule is None or self._limits is None:
             return
         try:
