@@ -23,6 +23,7 @@ from gateway.buffers import BufferBudget
 from gateway.config import Config, ServerConfig, parse_listen, url_host
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.auth import EdgeAuth
+from gateway.edge.connections import AcceptErrors, ConnectionCount, GuardedSite, raise_file_limit
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
@@ -58,6 +59,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REGISTRY = web.AppKey("registry", TaskRegistry)
 """The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
+CONNECTIONS = web.AppKey("connections", ConnectionCount)
+"""The client connections `serve` holds against `[server] max_connections`."""
+METRICS = web.AppKey("metrics", Metrics)
+"""The app's metrics (`serve` counts accept errors in them)."""
 
 
 def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
@@ -212,6 +217,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         "tasks.max_tasks_total": config.tasks.max_tasks_total,
         "tasks.max_streams_total": config.tasks.max_streams_total,
         "server.buffered_bytes_budget": config.server.buffered_bytes_budget,
+        "server.max_connections": config.server.max_connections,
     }
     if isinstance(upstream, StdioUpstream):
         ceilings["upstream.stdio.max_processes"] = config.upstream.stdio.max_processes
@@ -219,6 +225,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
+    app[CONNECTIONS] = ConnectionCount(config.server, metrics)
+    app[METRICS] = metrics
     readiness = Readiness(
         upstream,
         upstream_name(config.upstream),
@@ -311,9 +319,26 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening."""
     host, port = parse_listen(config.server.listen)
     tls = tls_context(config.server)
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+    if (warning := raise_file_limit(config.server, config.upstream)) is not None:
+        log.warning(warning)
+    app = build_app(config)
+    asyncio.get_running_loop().set_exception_handler(AcceptErrors(app[METRICS], config.logging.rejected_log_interval_s))
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=2.0, ssl_context=tls)
+    # The header timeout is aiohttp's keep-alive timer (gateway.edge.connections says why), applied to
+    # every connection before any handler or authentication runs; a TLS handshake gets as long.
+    header_timeout = config.server.header_timeout_s
+    handler_settings = {"access_log": None, "keepalive_timeout": header_timeout, "lingering_time": header_timeout}
+    site = GuardedSite(
+        runner,
+        host,
+        port,
+        app[CONNECTIONS],
+        handler_settings,
+        ssl_handshake_timeout=header_timeout,
+        shutdown_timeout=2.0,
+        ssl_context=tls,
+    )
     try:
         await site.start()
         url = endpoint_url(config.server)

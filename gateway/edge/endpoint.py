@@ -176,10 +176,23 @@ class McpEndpoint:
         if request.content_length is not None and request.content_length > limit:
             raise too_large
         body = bytearray()
-        async for chunk in request.content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        rate = self._config.min_body_rate_bytes_s
+        try:
+            async with asyncio.timeout(self._config.header_timeout_s) as deadline:
+                async for chunk in request.content.iter_any():
+                    body += chunk
+                    if len(body) > limit:
+                        raise too_large
+                    # Each chunk buys the time it takes at the slowest rate accepted: a body that trickles
+                    # cannot hold a connection (and its buffered bytes) for long.
+                    deadline.reschedule((deadline.when() or 0.0) + len(chunk) / rate)
+        except TimeoutError:
+            raise ProtocolError(
+                jsonrpc.INVALID_REQUEST,
+                f"Request Timeout: the body arrived slower than {rate} bytes/s "
+                f"(server.min_body_rate_bytes_s, after {self._config.header_timeout_s} s)",
+                http_status=408,
+            ) from None
         return bytes(body)
 
     async def _legacy_post(
