@@ -24,9 +24,10 @@ from aiohttp.log import server_logger
 
 from gateway import __version__
 from gateway.buffers import BufferBudget
-from gateway.config import Config, StoreConfig, parse_listen, url_host
+from gateway.config import Config, ServerConfig, StoreConfig, parse_listen, url_host
 from gateway.deadlines import RequestDeadlines
 from gateway.edge.auth import EdgeAuth
+from gateway.edge.connections import AcceptErrors, ConnectionCount, GuardedSite, raise_file_limit
 from gateway.edge.endpoint import McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
@@ -62,6 +63,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REGISTRY = web.AppKey("registry", TaskRegistry)
 """The app's task registry, for embedding programs (benchmarks, the demo) that inspect it."""
+CONNECTIONS = web.AppKey("connections", ConnectionCount)
+"""The client connections `serve` holds against `[server] max_connections`."""
+METRICS = web.AppKey("metrics", Metrics)
+"""The app's metrics (`serve` counts accept errors in them)."""
 
 
 def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
@@ -209,7 +214,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     )
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     tokens = OAuthTokens(config.auth) if config.auth.mode == "oauth" else None
-    auth = EdgeAuth(config.auth, config.server.path, tokens.validate if tokens is not None else None)
+    auth = EdgeAuth(config.auth, endpoint_url(config.server), tokens.validate if tokens is not None else None)
     endpoint = McpEndpoint(
         config.server,
         upstream,
@@ -227,6 +232,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         "tasks.max_tasks_total": config.tasks.max_tasks_total,
         "tasks.max_streams_total": config.tasks.max_streams_total,
         "server.buffered_bytes_budget": config.server.buffered_bytes_budget,
+        "server.max_connections": config.server.max_connections,
     }
     if isinstance(upstream, StdioUpstream):
         ceilings["upstream.stdio.max_processes"] = config.upstream.stdio.max_processes
@@ -234,6 +240,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         metrics.limits.labels(limit=limit).set(value)
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     app[REGISTRY] = registry
+    app[CONNECTIONS] = ConnectionCount(config.server, metrics)
+    app[METRICS] = metrics
     readiness = Readiness(
         upstream,
         upstream_name(config.upstream),
@@ -374,17 +382,42 @@ def _listening_socket(
     return sock
 
 
+def endpoint_url(server: ServerConfig) -> str:
+    """The MCP endpoint's URL as `[server] listen` names it (https when the gateway serves TLS itself)."""
+    host, port = parse_listen(server.listen)
+    return f"{'https' if server.tls_cert else 'http'}://{url_host(host)}:{port}{server.path}"
+
+
 async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening. ListenError
     when the listen address cannot be bound, before anything else has started."""
     tls = tls_context(config.server)
     sockets = await bind_listeners(config.server.listen)
     try:
-        runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
+        if (warning := raise_file_limit(config.server, config.upstream)) is not None:
+            log.warning(warning)
+        app = build_app(config)
+        asyncio.get_running_loop().set_exception_handler(
+            AcceptErrors(app[METRICS], config.logging.rejected_log_interval_s)
+        )
+        runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
+        # The header timeout is aiohttp's keep-alive timer (gateway.edge.connections says why), applied to
+        # every connection before any handler or authentication runs; a TLS handshake gets as long.
+        header_timeout = config.server.header_timeout_s
+        handler_settings = {"access_log": None, "keepalive_timeout": header_timeout, "lingering_time": header_timeout}
         try:
             for sock in sockets:
-                await web.SockSite(runner, sock, shutdown_timeout=2.0, ssl_context=tls).start()
+                site = GuardedSite(
+                    runner,
+                    sock,
+                    app[CONNECTIONS],
+                    handler_settings,
+                    ssl_handshake_timeout=header_timeout,
+                    shutdown_timeout=2.0,
+                    ssl_context=tls,
+                )
+                await site.start()
             host, _ = parse_listen(config.server.listen)
             port = sockets[0].getsockname()[1]  # the one drawn, for port 0
             url = f"{'https' if tls else 'http'}://{url_host(host)}:{port}{config.server.path}"

@@ -59,6 +59,14 @@ class ServerConfig(_Section):
     write_timeout_s: float = Field(default=30.0, gt=0)
     initialize_timeout_s: float = Field(default=30.0, gt=0)
     flush_interval_ms: float = Field(default=2.0, ge=0)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection must send a whole request head (request line and headers) within this long of
+    opening, or of its previous response; else it is closed (before any authentication)."""
+    min_body_rate_bytes_s: int = Field(default=1024, gt=0)
+    """A request body must arrive at this average rate or faster, after a grace of `header_timeout_s`;
+    a slower one gets 408 and its connection is closed."""
+    max_connections: int = Field(default=4096, gt=0)
+    """Client connections held at once; a connection beyond it gets 503 and is closed at once."""
     resume: ResumeConfig = Field(default_factory=ResumeConfig)
     tls_cert: str = ""
     """A PEM certificate (chain): the gateway serves HTTPS itself when set (with `tls_key`)."""
@@ -396,6 +404,8 @@ class JwtConfig(_Section):
     """How long a fetched key set is used before it is fetched again (the last good one serves on)."""
     unknown_kid_refresh_min_s: float = Field(default=60.0, ge=0)
     """A token with a `kid` the key set lacks refetches it at most this often."""
+    jwks_timeout_s: float = Field(default=2.0, gt=0)
+    """The longest a fetch of the key set may take (a token waiting on it waits no longer)."""
 
     @field_validator("algorithms")
     @classmethod

@@ -23,10 +23,21 @@ class Metrics:
             "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP "
             "parser), host, origin, content_type, accept, body_too_large, parse_error, invalid_request "
             "(including too deep), invalid_params, header_mismatch, unsupported_version, not_found, "
-            "http_method, conflict, unavailable, upstream_timeout, unknown_task (a task id that is unknown or "
+            "http_method, conflict, body_timeout (a body slower than min_body_rate_bytes_s), unavailable, "
+            "upstream_timeout, unknown_task (a task id that is unknown or "
             "another caller's); with [auth]: unauthorized, invalid_token, invalid_request (a credential in the "
             "URL), insufficient_scope, claim_mismatch, rate_limited, tool_rate_limited, lookup_budget, max_streams",
             ["reason"],
+            registry=self.registry,
+        )
+        self.connections = Gauge(
+            "mcp_gateway_connections",
+            "Client connections held (against [server] max_connections)",
+            registry=self.registry,
+        )
+        self.accept_errors = Counter(
+            "mcp_gateway_accept_errors",
+            "Client connections the gateway could not accept (out of file descriptors or memory)",
             registry=self.registry,
         )
         self.notifications_forwarded = Counter(

@@ -34,6 +34,8 @@ from gateway.protocol.jsonrpc import Message, ProtocolError
 log = logging.getLogger("gateway.replay")
 
 LAST_EVENT_ID = "Last-Event-ID"
+MAX_ID_DIGITS = 18
+"""Digits of each part of an event id (`<stream>_<n>`): more than any stream or event count reaches."""
 
 
 def events_gone(last_event_id: str, why: str) -> ProtocolError:
@@ -201,10 +203,11 @@ class SessionStreams:
         """The stream `last_event_id` names, attached to the resuming connection, and the event to
         resume after; ProtocolError when it cannot be resumed (400 malformed, 409 served, 410 gone)."""
         key, _, n = last_event_id.partition("_")
-        if not (key.isascii() and key.isdigit() and n.isascii() and n.isdigit()):
+        # Both parts fit in 18 digits: longer ones name no event, and past 4,300 digits int() refuses them.
+        if not all(part.isascii() and part.isdigit() and len(part) <= MAX_ID_DIGITS for part in (key, n)):
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST,
-                f"Bad Request: Last-Event-ID {last_event_id!r} is not an event id of this gateway (<stream>_<n>)",
+                f"Bad Request: Last-Event-ID {last_event_id[:64]!r} is not an event id of this gateway (<stream>_<n>)",
             )
         stream = self._streams.get(int(key))
         if stream is None:

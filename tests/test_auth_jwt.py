@@ -9,6 +9,7 @@ the validated-token cache; then the real gateway in oauth mode answering them wi
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -16,7 +17,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -68,16 +69,23 @@ def rsa_key(kid: str) -> SigningKey:
 
 @dataclass
 class Jwks:
-    """The JWKS endpoint: which keys it serves, whether it is down, how often it was asked."""
+    """The JWKS endpoint: which keys it serves, whether it is down (503) or hangs (answers nothing until
+    the test ends), how often it was asked, and `asked`, set at each request."""
 
     keys: list[SigningKey]
     url: str = ""
     down: bool = False
+    hangs: bool = False
     fetches: int = 0
+    asked: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, _: web.Request) -> web.Response:
         self.fetches += 1
-        if self.down:
+        self.asked.set()
+        if self.hangs:
+            await self.released.wait()
+        if self.down or self.hangs:
             return web.Response(status=503)
         return web.json_response({"keys": [key.jwk() for key in self.keys]})
 
@@ -96,6 +104,7 @@ async def jwks_server(keys: list[SigningKey]) -> AsyncIterator[Jwks]:
     try:
         yield jwks
     finally:
+        jwks.released.set()
         await runner.cleanup()
 
 
@@ -207,7 +216,7 @@ async def test_alg_none_and_hs256_with_the_public_key_are_refused(
     assert jwks.fetches == 0  # refused before any key is looked at
 
 
-async def test_an_unknown_kid_refetches_once_per_throttle_and_a_rotated_key_is_learned(
+async def test_an_unknown_kid_refetches_at_most_once_per_throttle_and_a_rotated_key_is_learned(
     tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, clock = tokens
@@ -216,24 +225,105 @@ async def test_an_unknown_kid_refetches_once_per_throttle_and_a_rotated_key_is_l
     for _ in range(5):
         with pytest.raises(InvalidToken, match="signed by an unknown key"):
             await validator.validate(forged.sign(claims(sub=f"x{_}")))
-    assert jwks.fetches == 2  # the first fetch, then exactly one refetch within the throttle
+    assert jwks.fetches == 1  # the first fetch was this window's: the forged kids fetch nothing more
 
     rotated = rsa_key("k2")
     jwks.keys = [rotated]
     clock.now += 60  # the throttle (unknown_kid_refresh_min_s = 60) has passed
     assert (await validator.validate(rotated.sign(claims())))[0] == f"{ISSUER}\x1falice"
-    assert jwks.fetches == 3
+    assert jwks.fetches == 2
+    for _ in range(5):
+        with pytest.raises(InvalidToken, match="signed by an unknown key"):
+            await validator.validate(forged.sign(claims(sub=f"y{_}")))
+    clock.now += 60
+    with pytest.raises(InvalidToken, match="signed by an unknown key"):
+        await validator.validate(forged.sign(claims(sub="z")))
+    assert jwks.fetches == 3  # exactly one refetch per window
 
 
-async def test_the_last_good_keys_serve_while_the_endpoint_is_down(
+@pytest.mark.parametrize("fault", ["down", "hangs"])
+async def test_the_last_good_keys_serve_while_the_endpoint_is_down_or_hangs(
+    tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey, fault: str
+) -> None:
+    validator, jwks, clock = tokens
+    await validator.validate(key1.sign(claims(sub="one")))
+    setattr(jwks, fault, True)
+    jwks.asked.clear()
+    clock.now += 3600  # the key set is due for a refetch, which fails or never answers
+    # Answered from the keys in hand, without waiting for the refetch (it runs beside).
+    assert (await validator.validate(key1.sign(claims(sub="two"))))[0] == f"{ISSUER}\x1ftwo"
+    await asyncio.wait_for(jwks.asked.wait(), 5)
+    assert jwks.fetches == 2
+    assert (await validator.validate(key1.sign(claims(sub="three"))))[0] == f"{ISSUER}\x1fthree"
+    assert validator.keys.fetches == 2  # one refetch, however many tokens came while it was due
+
+
+async def test_a_failed_unknown_kid_refetch_leaves_the_good_keys_their_cache_time(
     tokens: tuple[OAuthTokens, Jwks, Clock], key1: SigningKey
 ) -> None:
     validator, jwks, clock = tokens
     await validator.validate(key1.sign(claims(sub="one")))
     jwks.down = True
-    clock.now += 3600  # the key set is due for a refetch, which fails
-    assert (await validator.validate(key1.sign(claims(sub="two"))))[0] == f"{ISSUER}\x1ftwo"
+    clock.now += 60  # the next unknown-kid window
+    with pytest.raises(InvalidToken, match="signed by an unknown key"):
+        await validator.validate(rsa_key("forged").sign(claims()))
     assert jwks.fetches == 2
+    clock.now += 61  # past the unknown-kid throttle, far within jwks_cache_s
+    assert (await validator.validate(key1.sign(claims(sub="two"))))[0] == f"{ISSUER}\x1ftwo"
+    assert validator.keys.fetches == 2  # the good keys were not made due by the failed refetch
+
+
+async def test_an_unknown_kid_waits_for_a_hanging_endpoint_once_per_window_then_fails_fast(
+    key1: SigningKey,
+) -> None:
+    clock = Clock()
+    async with jwks_server([key1]) as jwks:
+        validator = OAuthTokens(auth_config(jwks.url, jwks_timeout_s=0.2), clock=clock)
+        try:
+            await validator.validate(key1.sign(claims()))
+            jwks.hangs = True
+            clock.now += 60  # the next unknown-kid window
+            forged = rsa_key("forged")
+            # Concurrent unknown kids share one refetch; each waits for it, bounded by jwks_timeout_s
+            # (the endpoint never answers while the test runs).
+            refused = await asyncio.gather(
+                *(validator.validate(forged.sign(claims(sub=f"x{n}"))) for n in range(20)), return_exceptions=True
+            )
+            assert all(isinstance(error, InvalidToken) for error in refused), refused
+            assert (validator.keys.fetches, jwks.fetches) == (2, 2)
+            # Within the throttle window: refused at once, no fetch started.
+            with pytest.raises(InvalidToken, match="signed by an unknown key"):
+                await validator.validate(forged.sign(claims(sub="later")))
+            assert validator.keys.fetches == 2
+            # Tokens signed with the cached key are answered meanwhile.
+            assert (await validator.validate(key1.sign(claims(sub="good"))))[0] == f"{ISSUER}\x1fgood"
+            clock.now += 60  # the next window: one more (bounded) try
+            with pytest.raises(InvalidToken, match="signed by an unknown key"):
+                await validator.validate(forged.sign(claims(sub="next window")))
+            assert validator.keys.fetches == 3
+        finally:
+            await validator.close()
+
+
+async def test_the_first_tokens_share_one_fetch_and_a_hanging_first_fetch_is_bounded(key1: SigningKey) -> None:
+    async with jwks_server([key1]) as jwks:
+        validator = OAuthTokens(auth_config(jwks.url))
+        try:
+            names = await asyncio.gather(*(validator.validate(key1.sign(claims(sub=f"u{n}"))) for n in range(10)))
+            assert {name.identity for name in names} == {f"{ISSUER}\x1fu{n}" for n in range(10)}
+            assert jwks.fetches == 1
+        finally:
+            await validator.close()
+    async with jwks_server([key1]) as jwks:
+        jwks.hangs = True
+        validator = OAuthTokens(auth_config(jwks.url, jwks_timeout_s=0.2))
+        try:
+            for _ in range(3):  # one bounded wait, then refused at once until the retry is due
+                with pytest.raises(InvalidToken, match="the issuer's keys are unavailable"):
+                    await validator.validate(key1.sign(claims()))
+            assert jwks.fetches == 1
+        finally:
+            await validator.close()
 
 
 async def test_es256_keys_validate_too() -> None:

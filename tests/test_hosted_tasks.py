@@ -192,7 +192,7 @@ async def test_tasks_list_is_per_caller_and_paginates(
             assert cursor is None, "the nextCursor walk did not end"
             assert len(listed) == len(set(listed)), f"a task listed twice: {listed}"
             assert set(created) <= set(listed), (created, listed)
-            for bad in ("not-a-cursor", "99999", "-1"):
+            for bad in ("not-a-cursor", "99999", "-1", "9" * 5000, "\u00b2"):  # a digit int() refuses
                 reply = await other.request("tasks/list", {"cursor": bad})
                 assert error_of(reply.final)["code"] == -32602, (bad, reply.messages)
         finally:

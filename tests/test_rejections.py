@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine, InvalidHeader, LineTooLong
 
-from gateway.edge.rejections import FramingErrors, RateLimitedLog, Rejections, reason_of
+from gateway.edge.rejections import FramingErrors, RateLimitedLog, Rejections, describe_malformed, reason_of
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import ProtocolError
@@ -61,4 +61,21 @@ def test_framing_records_become_counted_warnings_other_records_pass(caplog: pyte
     assert metrics.registry.get_sample_value("mcp_gateway_rejected_requests_total", {"reason": "framing"}) == 1
     (line,) = caplog.records
     assert line.levelno == logging.WARNING and line.exc_info is None
-    assert line.getMessage() == "malformed HTTP request: Invalid character in chunk size:"
+    assert line.getMessage() == "malformed HTTP request: Invalid character in chunk size"
+
+
+@pytest.mark.parametrize(
+    ("error", "description"),
+    [
+        (LineTooLong(b"Bearer SECRET-TOKEN" + b"A" * 90 + b"...", 8190), "Got more than 8190 bytes when reading"),
+        (
+            BadHttpMessage("Invalid header value char:\n\n  b'Authorization: Bearer SECRET\\x01'"),
+            "Invalid header value char",
+        ),
+        (InvalidHeader(b"Authorization: SECRET"), "Invalid HTTP header"),
+        (BadStatusLine("GET /?token=SECRET HTTP/1.1"), "Bad status line"),
+        (BadHttpMessage(""), "BadHttpMessage"),
+    ],
+)
+def test_a_malformed_request_is_described_without_quoting_it(error: BadHttpMessage, description: str) -> None:
+    assert describe_malformed(error) == description

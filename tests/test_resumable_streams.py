@@ -341,8 +341,15 @@ async def test_a_last_event_id_older_than_the_buffer_gets_410(tmp_path: Path) ->
         ]
         assert orjson.loads(replayed[1].data)["result"]["structuredContent"] == {"result": f"built {steps} steps"}
 
-        # Written to its end, the stream is forgotten; ids this gateway never sent are refused too.
-        for last_event_id, status, code in [(tail_id, 410, -32010), ("not-an-id", 400, -32600), ("7_x", 400, -32600)]:
+        # Written to its end, the stream is forgotten; ids this gateway never sent are refused too, also
+        # numbers longer than int() takes (they were a 500).
+        for last_event_id, status, code in [
+            (tail_id, 410, -32010),
+            ("not-an-id", 400, -32600),
+            ("7_x", 400, -32600),
+            ("9" * 5000 + "_1", 400, -32600),
+            (f"{stream_key}_{'9' * 5000}", 400, -32600),
+        ]:
             async with http.get(gateway.url, headers={**get, "Last-Event-ID": last_event_id}) as refused:
                 assert (refused.status, (await refused.json())["error"]["code"]) == (status, code), last_event_id
         assert await metric(http, gateway, 'mcp_gateway_rejected_requests_total{reason="events_gone"}') == 2
@@ -397,9 +404,10 @@ async def test_a_resume_beyond_the_buffer_is_refused_never_served_with_a_gap() -
         -32010,
         {"reason": "events_gone", "lastEventId": "1_2"},
     )
-    with pytest.raises(ProtocolError) as ahead:
-        streams.resume("1_6")
-    assert (ahead.value.http_status, ahead.value.code) == (400, -32600)
+    for beyond in ("1_6", "9" * 5000 + "_1", "1_" + "9" * 5000, "1_" + "9" * 19):
+        with pytest.raises(ProtocolError) as ahead:
+            streams.resume(beyond)
+        assert (ahead.value.http_status, ahead.value.code) == (400, -32600), beyond
     assert streams.resume("1_3") == (stream, 3)
     with pytest.raises(ProtocolError) as served:
         streams.resume("1_3")

@@ -162,7 +162,7 @@ async def test_rule1_after_must_be_a_non_negative_integer(
     async with asyncio.timeout(30):
         client = client_for(era, legacy, gw, http)
         task_id, _ = done_task
-        for bad in (-1, 1.5, True, False, "3", None, [1], {"seq": 1}):
+        for bad in (-1, 1.5, True, False, "3", None, [1], {"seq": 1}, 2**63, 2**64 - 1):
             reply = await client.request("tasks/stream", {"taskId": task_id, "after": bad})
             assert error_of(reply.final)["code"] == -32602, (bad, reply.messages)
             assert reply.status == (400 if era == MODERN else 200), (bad, reply.status)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ from gateway.tasks.plans import ANONYMOUS
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 QUERY_TOKEN_NAMES = frozenset({"access_token", "token", "api_key", "apikey", "key"})
 """Query parameters that carry a credential: refused, since URLs end up in logs and Referer headers."""
+TOKEN_SYNTAX = re.compile(r"[\x21-\x7e]+")
+"""A credential is visible ASCII (RFC 6750's b64token is a subset): anything else is refused unread."""
+UNQUOTABLE = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
+"""What RFC 6750 forbids in an `error_description` (controls, `"`, `\\`, non-ASCII): replaced."""
+MAX_DESCRIPTION_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,12 @@ def _quoted(params: Iterable[tuple[str, str]]) -> str:
     return ", ".join(f'{name}="{value}"' for name, value in params)
 
 
+def quotable(text: str) -> str:
+    """`text` made safe for a quoted challenge parameter: no CR/LF (aiohttp would refuse to send the
+    header, dropping the connection), quotes or other characters RFC 6750 forbids there; bounded."""
+    return UNQUOTABLE.sub("?", text[:MAX_DESCRIPTION_CHARS])
+
+
 def unmet_claims(rule: AuthRule, claims: Mapping[str, Any]) -> list[str]:
     """The claims of `rule` whose condition the caller's `claims` fail. A condition holds when the claim
     equals the value or, when the claim is a list, contains it; of the same JSON type (the string "1"
@@ -101,9 +113,13 @@ def _holds(claim: object, wanted: ClaimValue) -> bool:
 class EdgeAuth:
     """The configured `[auth]` mode: authenticates requests and applies the per-tool rules."""
 
-    def __init__(self, config: AuthConfig, mcp_path: str, validate_token: TokenValidator | None = None) -> None:
+    def __init__(self, config: AuthConfig, server_url: str, validate_token: TokenValidator | None = None) -> None:
+        """`server_url` is the MCP endpoint's URL as `[server] listen` names it: the resource when
+        `[auth] resource` is empty (never the Host a request names, which any client can set)."""
         self.config = config
-        self._mcp_path = mcp_path
+        self._mcp_path = urlsplit(server_url).path
+        self.resource = config.resource or server_url
+        """The canonical URL of the protected resource."""
         self._validate_token = validate_token
         if config.mode == "oauth" and validate_token is None:
             raise ValueError('mode = "oauth" needs a token validator')
@@ -151,7 +167,7 @@ class EdgeAuth:
                 400,
                 "invalid_request",
                 "Bad Request: credentials are accepted only in the Authorization header, never in the URL",
-                self.challenge(request, error="invalid_request"),
+                self.challenge(error="invalid_request"),
             )
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         token = token.strip()
@@ -160,16 +176,18 @@ class EdgeAuth:
                 401,
                 "unauthorized",
                 "Unauthorized: send Authorization: Bearer <token>",
-                self.challenge(request),
+                self.challenge(),
             )
         try:
+            if not TOKEN_SYNTAX.fullmatch(token):
+                raise InvalidToken("malformed (a token is visible ASCII characters only)")
             return await self._principal_for(token)
         except InvalidToken as exc:
             raise AuthRefused(
                 401,
                 "invalid_token",
                 f"Unauthorized: invalid token: {exc}",
-                self.challenge(request, error="invalid_token", description=str(exc)),
+                self.challenge(error="invalid_token", description=str(exc)),
             ) from None
 
     async def _principal_for(self, token: str) -> Principal:
@@ -193,7 +211,7 @@ class EdgeAuth:
         """Whether the caller meets the rule: every scope, every claim condition."""
         return principal.scopes.issuperset(rule.scopes) and not unmet_claims(rule, principal.claims)
 
-    def check_call(self, request: web.Request, principal: Principal, message: Message) -> AuthRule | None:
+    def check_call(self, principal: Principal, message: Message) -> AuthRule | None:
         """The rule of a `tools/call` (plain or creating a task), for its per-tool rate limit; None when
         no rule applies. A caller the rule refuses gets 403: for a failed claim condition without a
         step-up challenge (more scopes cannot fix who the caller is), checked first for that reason;
@@ -218,7 +236,7 @@ class EdgeAuth:
                 403,
                 "insufficient_scope",
                 f"Forbidden: the tool {tool} needs the scopes {needed}",
-                self.challenge(request, error="insufficient_scope", scope=needed),
+                self.challenge(error="insufficient_scope", scope=needed),
             )
         error.request_id = message["id"]
         raise error
@@ -242,12 +260,8 @@ class EdgeAuth:
 
     # -- challenges and the protected-resource metadata ------------------------------------------
 
-    def resource(self, request: web.Request) -> str:
-        """The canonical URL of the protected resource: `[auth] resource`, or this request's own."""
-        return self.config.resource or f"{request.scheme}://{request.host}{self._mcp_path}"
-
-    def metadata_url(self, request: web.Request) -> str:
-        parts = urlsplit(self.resource(request))
+    def metadata_url(self) -> str:
+        parts = urlsplit(self.resource)
         return f"{parts.scheme}://{parts.netloc}{METADATA_PATH}{parts.path.rstrip('/')}"
 
     @property
@@ -258,23 +272,21 @@ class EdgeAuth:
         paths = [METADATA_PATH + self._mcp_path, METADATA_PATH + resource_path, METADATA_PATH]
         return list(dict.fromkeys(paths))
 
-    def challenge(
-        self, request: web.Request, *, error: str | None = None, description: str | None = None, scope: str = ""
-    ) -> str:
-        params = [("resource_metadata", self.metadata_url(request))]
+    def challenge(self, *, error: str | None = None, description: str | None = None, scope: str = "") -> str:
+        params = [("resource_metadata", self.metadata_url())]
         scope = scope or " ".join(self.config.scopes_supported)
         if scope:
             params.append(("scope", scope))
         if error is not None:
             params.append(("error", error))
         if description is not None:
-            params.append(("error_description", description.replace('"', "'")))
+            params.append(("error_description", quotable(description)))
         return "Bearer " + _quoted(params)
 
-    async def metadata(self, request: web.Request) -> web.Response:
+    async def metadata(self, _: web.Request) -> web.Response:
         """RFC 9728 Protected Resource Metadata; `authorization_servers` exactly as configured."""
         body = {
-            "resource": self.resource(request),
+            "resource": self.resource,
             "authorization_servers": self.config.authorization_servers,
             "scopes_supported": self.config.scopes_supported,
             "bearer_methods_supported": ["header"],

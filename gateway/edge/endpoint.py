@@ -148,7 +148,7 @@ class McpEndpoint:
             if kind is not Kind.RESPONSE:
                 check_fields(message)
             if kind is Kind.REQUEST:
-                self._check_call(request, principal, message)
+                self._check_call(principal, message)
             headers = forwardable_headers(request.headers)
             # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
             if era is Era.LEGACY:
@@ -157,9 +157,9 @@ class McpEndpoint:
         except ProtocolError as error:
             return self._refused(request, error, principal, message)
 
-    def _check_call(self, request: web.Request, principal: Principal, message: Message) -> None:
+    def _check_call(self, principal: Principal, message: Message) -> None:
         """A `tools/call` the tool's `[[auth.rules]]` entry refuses (403), or over its per-tool rate (429)."""
-        rule = self._auth.check_call(request, principal, message)
+        rule = self._auth.check_call(principal, message)
         if rule is None or self._limits is None:
             return
         try:
@@ -176,10 +176,23 @@ class McpEndpoint:
         if request.content_length is not None and request.content_length > limit:
             raise too_large
         body = bytearray()
-        async for chunk in request.content.iter_any():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        rate = self._config.min_body_rate_bytes_s
+        try:
+            async with asyncio.timeout(self._config.header_timeout_s) as deadline:
+                async for chunk in request.content.iter_any():
+                    body += chunk
+                    if len(body) > limit:
+                        raise too_large
+                    # Each chunk buys the time it takes at the slowest rate accepted: a body that trickles
+                    # cannot hold a connection (and its buffered bytes) for long.
+                    deadline.reschedule((deadline.when() or 0.0) + len(chunk) / rate)
+        except TimeoutError:
+            raise ProtocolError(
+                jsonrpc.INVALID_REQUEST,
+                f"Request Timeout: the body arrived slower than {rate} bytes/s "
+                f"(server.min_body_rate_bytes_s, after {self._config.header_timeout_s} s)",
+                http_status=408,
+            ) from None
         return bytes(body)
 
     async def _legacy_post(

@@ -55,7 +55,8 @@ class Introspector:
         if answer.get("active") is not True:
             raise InvalidToken("not active (introspection)")
         audience = answer.get("aud")
-        audiences = {audience} if isinstance(audience, str) else set(audience) if isinstance(audience, list) else None
-        if audiences is not None and not audiences & self._audiences:
+        # Only strings can name this resource (a list may hold anything, unhashable values too).
+        audiences = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else None
+        if audiences is not None and not any(isinstance(name, str) and name in self._audiences for name in audiences):
             raise InvalidToken("not issued for this resource (aud)")
         return answer

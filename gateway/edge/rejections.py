@@ -15,6 +15,7 @@ counted, rate-limited warnings.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -53,6 +54,7 @@ AUTH_REASONS = frozenset(
 own label."""
 _REASON_BY_STATUS = {
     403: "origin",
+    408: "body_timeout",
     404: "not_found",
     405: "http_method",
     406: "accept",
@@ -141,9 +143,17 @@ class Rejections:
     def malformed_http(self, error: HttpProcessingError, remote: object) -> None:
         """aiohttp's parser refused what a client sent (answered 400 and closed by aiohttp)."""
         self._metrics.rejected_requests.labels(reason=FRAMING).inc()
-        first_line = str(error.message).strip().splitlines()[0] if error.message else type(error).__name__
-        text = f"malformed HTTP request: {first_line}"
+        text = f"malformed HTTP request: {describe_malformed(error)}"
         self._log.log(logging.WARNING, FRAMING, text[:MAX_LOGGED_CHARS], remote=str(remote))
+
+
+def describe_malformed(error: HttpProcessingError) -> str:
+    """What aiohttp's parser found wrong, without its quote of the offending bytes (which may be part of
+    a credential): its message up to the first quote or colon, e.g. "Got more than 8190 bytes when
+    reading", "Invalid header value char"."""
+    first_line = str(error.message).strip().splitlines()[0] if error.message else ""
+    words = re.split(r"[:'\"]| b'", first_line, maxsplit=1)[0].strip()
+    return words or type(error).__name__
 
 
 class FramingErrors(logging.Filter):

@@ -1,13 +1,17 @@
 """OAuth access tokens as JWTs, validated locally: the issuer's key set, and the validated-token cache.
 
 The key set (JWKS) is fetched with aiohttp, never following redirects (a redirect could point the
-gateway anywhere), from `[auth.jwt] jwks_uri` or the URI the issuer's metadata names. It is kept for
-`jwks_cache_s`; a token whose `kid` it lacks refetches it at most once per `unknown_kid_refresh_min_s`
-(so forged `kid`s cannot make the gateway hammer the authorization server), and while the endpoint is
-down the last good key set keeps serving. PyJWT does the signature and claim checks with only the
-algorithm allow-list (no `none`, no HMAC: a public key must never be used as an HMAC secret). A
-validated token is remembered by its sha256 until min(its `exp`, `[auth] token_cache_s`), with only
-the claims `[[auth.rules]]` have conditions on.
+gateway anywhere), from `[auth.jwt] jwks_uri` or the URI the issuer's metadata names, one fetch at a
+time (requests that need it join the one in flight), each bounded by `jwks_timeout_s`. It is kept for
+`jwks_cache_s`, then refreshed beside the requests its keys keep answering; a token whose `kid` it
+lacks refetches it at most once per `unknown_kid_refresh_min_s` and is refused at once otherwise (so
+forged `kid`s cannot make the gateway hammer the authorization server, nor wait on it). A failed fetch
+changes nothing: the last good keys serve on with their age, and the next try comes after the
+throttle. PyJWT does the signature and claim checks with only the algorithm allow-list (no `none`, no
+HMAC: a public key must never be used as an HMAC secret); any malformed header or claim is an
+`InvalidToken` whose message quotes nothing of the token. A validated token is remembered by its
+sha256 until min(its `exp`, `[auth] token_cache_s`), with only the claims `[[auth.rules]]` have
+conditions on.
 """
 
 from __future__ import annotations
@@ -45,51 +49,76 @@ class KeySet:
         self._session: aiohttp.ClientSession | None = None
         self._keys: dict[str | None, jwt.PyJWK] = {}
         self._fetched_at: float | None = None
+        """When the keys in hand were fetched; a failed fetch leaves it (and the keys) as they were."""
+        self._retry_at = 0.0
+        """After a failed fetch, the keys (due or missing) are not fetched again before this."""
         self._unknown_kid_refreshed_at: float | None = None
+        self._fetch: asyncio.Task[None] | None = None
+        """The one fetch in flight, which every request that needs it joins (single flight)."""
         self._jwks_uri = self._jwt.jwks_uri
-        self._lock = asyncio.Lock()
         self.fetches = 0
         """Key-set fetches attempted (for tests and the log)."""
 
     async def close(self) -> None:
+        if self._fetch is not None:
+            self._fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._fetch
         if self._session is not None:
             await self._session.close()
 
     async def key_for(self, kid: str | None) -> jwt.PyJWK:
+        """The key of `kid`. Keys in hand answer at once (a due refresh runs beside); a `kid` they lack
+        waits for a fetch, at most `jwks_timeout_s`: one in flight, or one started if the keys are due
+        or the unknown-kid throttle allows; otherwise it is refused at once."""
         now = self._clock()
-        due = self._fetched_at is None or now - self._fetched_at >= self._jwt.jwks_cache_s
-        if due:
-            await self._refresh(stale=self._fetched_at)
-        if kid not in self._keys and not due and self._may_refresh_for_unknown_kid(now):
-            self._unknown_kid_refreshed_at = now
-            await self._refresh(stale=self._fetched_at)
+        due = (self._fetched_at is None or now - self._fetched_at >= self._jwt.jwks_cache_s) and now >= self._retry_at
+        key = self._known(kid)
+        if key is not None:
+            if due and self._fetch is None:
+                self._start_fetch()
+            return key
+        if self._fetch is None and (due or self._may_refresh_for_unknown_kid(now)):
+            self._unknown_kid_refreshed_at = now  # this window's wait for a key the set lacks
+            self._start_fetch()
+        if self._fetch is not None:
+            await asyncio.shield(self._fetch)  # ends within jwks_timeout_s; a caller gone leaves it running
+            key = self._known(kid)
+        if key is None:
+            raise InvalidToken("signed by an unknown key" if self._keys else "the issuer's keys are unavailable")
+        return key
+
+    def _known(self, kid: str | None) -> jwt.PyJWK | None:
         key = self._keys.get(kid)
         if key is None and kid is None and len(self._keys) == 1:
             key = next(iter(self._keys.values()))
-        if key is None:
-            raise InvalidToken("signed by an unknown key" if self._keys else "the issuer's keys are unavailable")
         return key
 
     def _may_refresh_for_unknown_kid(self, now: float) -> bool:
         last = self._unknown_kid_refreshed_at
         return last is None or now - last >= self._jwt.unknown_kid_refresh_min_s
 
-    async def _refresh(self, *, stale: float | None) -> None:
-        async with self._lock:
-            if self._fetched_at != stale:
-                return  # another request refreshed while this one waited
-            self.fetches += 1
-            try:
+    def _start_fetch(self) -> None:
+        self.fetches += 1
+        self._fetch = asyncio.create_task(self._refresh(), name="jwks-fetch")
+
+    async def _refresh(self) -> None:
+        started = self._clock()
+        try:
+            async with asyncio.timeout(self._jwt.jwks_timeout_s):
                 document = await self._get_json(await self._uri())
-                keys = jwt.PyJWKSet.from_dict(dict(document)).keys
-            except (aiohttp.ClientError, TimeoutError, ValueError, jwt.PyJWKSetError) as exc:
-                # Keep the last good keys; try again after the unknown-kid throttle, not on every request.
-                retry_in = min(self._jwt.unknown_kid_refresh_min_s, self._jwt.jwks_cache_s)
-                self._fetched_at = self._clock() - self._jwt.jwks_cache_s + retry_in
-                log.warning("could not fetch the JWKS (keeping %d cached keys): %r", len(self._keys), exc)
-                return
+            keys = jwt.PyJWKSet.from_dict(dict(document)).keys
+        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError, jwt.PyJWTError) as exc:
+            # Keep the last good keys and their age; try again after the unknown-kid throttle, not on every
+            # request (so this warning, too, comes at most once per throttle window).
+            self._retry_at = started + min(self._jwt.unknown_kid_refresh_min_s, self._jwt.jwks_cache_s)
+            why = "no answer within jwks_timeout_s" if isinstance(exc, TimeoutError) else repr(exc)[:200]
+            log.warning("could not fetch the JWKS (keeping %d cached keys): %s", len(self._keys), why)
+        else:
             self._keys = {key.key_id: key for key in keys}
             self._fetched_at = self._clock()
+        finally:
+            self._fetch = None
 
     async def _uri(self) -> str:
         if self._jwks_uri:
@@ -186,6 +215,10 @@ class OAuthTokens:
         missing = [name for name in self._config.principal_claims if not isinstance(claims.get(name), str)]
         if missing:
             raise InvalidToken(f"no {', '.join(missing)} claim to name the caller")
+        # Control characters could make two callers' joined identities equal, and have no place in a name.
+        unprintable = [name for name in self._config.principal_claims if not claims[name].isprintable()]
+        if unprintable:
+            raise InvalidToken(f"control characters in the {', '.join(unprintable)} claim")
         validated = ValidatedToken(
             identity="\x1f".join(claims[name] for name in self._config.principal_claims),
             scopes=scopes_of(claims),
@@ -193,8 +226,10 @@ class OAuthTokens:
         )
         expires = claims.get("exp")
         lifetime = self._config.token_cache_s
-        if isinstance(expires, int | float):
-            lifetime = min(float(expires) - self._wall_clock(), lifetime)
+        wall = self._wall_clock()
+        # Compared before subtracting: an `exp` of hundreds of digits is a valid JSON number.
+        if isinstance(expires, int | float) and expires < wall + lifetime:
+            lifetime = float(expires) - wall
         if lifetime > 0:
             if len(self._cache) >= MAX_CACHED_TOKENS:
                 self._cache.clear()
@@ -209,15 +244,12 @@ class OAuthTokens:
         raise InvalidToken("not a JWT")
 
     async def _verified_claims(self, token: str) -> dict[str, Any]:
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.DecodeError:
-            raise InvalidToken("not a JWT") from None
+        header = unverified_header(token)
         algorithm = header.get("alg")
         if algorithm not in self._config.jwt.algorithms:
-            raise InvalidToken(f"algorithm {algorithm} is not accepted")
-        kid = header.get("kid")
-        key = await self.keys.key_for(kid if isinstance(kid, str) else None)
+            named = isinstance(algorithm, str) and algorithm.isascii() and algorithm.isalnum() and len(algorithm) <= 16
+            raise InvalidToken(f"algorithm {algorithm} is not accepted" if named else "its algorithm is not accepted")
+        key = await self.keys.key_for(header.get("kid"))
         try:
             claims: dict[str, Any] = jwt.decode(
                 token,
@@ -236,6 +268,28 @@ class OAuthTokens:
             raise InvalidToken("not issued for this resource (aud)") from None
         except jwt.InvalidIssuerError:
             raise InvalidToken("wrong issuer") from None
-        except jwt.InvalidTokenError as exc:
-            raise InvalidToken(str(exc)) from None
+        except jwt.InvalidSignatureError:
+            raise InvalidToken("invalid signature") from None
+        except (jwt.MissingRequiredClaimError, jwt.InvalidIssuedAtError, jwt.InvalidAlgorithmError) as exc:
+            raise InvalidToken(str(exc)) from None  # PyJWT's own words, naming no client bytes
+        except (jwt.PyJWTError, TypeError, ValueError, OverflowError, RecursionError):
+            # Claims of the wrong type (PyJWT raises TypeError for a non-string `iss`) or a payload that
+            # is not a JSON object; PyJWT's message may quote the token, so it is not passed on.
+            raise InvalidToken("malformed claims") from None
         return claims
+
+
+def unverified_header(token: str) -> dict[str, Any]:
+    """A JWT's header, before any key is looked at: InvalidToken unless it is a JSON object whose `kid`,
+    if any, is a string, and which lists no critical extensions (the gateway understands none)."""
+    try:
+        header = jwt.get_unverified_header(token)
+    except (jwt.PyJWTError, TypeError, ValueError, RecursionError):
+        raise InvalidToken("not a JWT (malformed header)") from None
+    if not isinstance(header, dict):
+        raise InvalidToken("not a JWT (malformed header)")
+    if "kid" in header and not isinstance(header["kid"], str):
+        raise InvalidToken("malformed header: kid must be a string")
+    if "crit" in header:
+        raise InvalidToken("malformed header: critical extensions (crit) are not supported")
+    return header

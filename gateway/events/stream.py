@@ -26,6 +26,8 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
 
 EVENTS_GONE = -32010
+MAX_SEQ = 2**63 - 1
+"""The largest sequence number (stores keep seqs as signed 64-bit integers)."""
 EVENTS_GONE_MESSAGE = "Task events are no longer available"
 
 
@@ -39,10 +41,11 @@ def parse_stream_params(message: Message) -> tuple[str, int | None]:
     if "after" not in params:
         return task_id, None
     after = params["after"]
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after <= MAX_SEQ:
         raise ProtocolError(
             jsonrpc.INVALID_PARAMS,
-            f"Invalid params: after must be a non-negative integer sequence number, got {orjson.dumps(after).decode()}",
+            f"Invalid params: after must be a non-negative integer sequence number (at most {MAX_SEQ}), "
+            f"got {orjson.dumps(after).decode()[:64]}",
             request_id=request_id,
         )
     return task_id, after

@@ -39,7 +39,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.records import RecordView, TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
-from gateway.tasks.store import LiveRecord, TaskPage, TaskStore
+from gateway.tasks.store import InvalidCursor, LiveRecord, TaskPage, TaskStore
 
 log = logging.getLogger("gateway.tasks")
 
@@ -54,6 +54,8 @@ SUMMARY_LIMIT_BYTES = 1024
 """The largest outcome summary a record keeps (bytes of JSON): a record lives as long as its task, and
 a summary grows with the result's content blocks and error message."""
 
+MAX_CURSOR_DIGITS = 19
+"""A `tasks/list` cursor is a decimal number of at most this many digits (any signed 64-bit number)."""
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
 
@@ -317,6 +319,10 @@ class TaskRegistry:
 
     async def list_owned(self, owner: str, cursor: str | None) -> TaskPage:
         """A page of the caller's task records from the store (InvalidCursor for a cursor it never gave)."""
+        # Every store's cursors are decimal numbers of a few digits: anything else is refused here, before
+        # int() would raise on a Unicode digit or a number past its 4,300-digit limit.
+        if cursor is not None and not (cursor.isascii() and cursor.isdigit() and len(cursor) <= MAX_CURSOR_DIGITS):
+            raise InvalidCursor("not a cursor of this gateway")
         return await self.store.list_owned(owner, cursor, self._config.page_size)
 
     async def record(self, task: Task, *events: TaskEvent, epilogue: bool = False) -> None:
