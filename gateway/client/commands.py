@@ -196,8 +196,11 @@ async def call(
     output = Output("call", out, err, json_out=json_out, printer=printer)
     display = ProgressDisplay(err, "call", quiet=quiet)
     on_input = answerer(output, display, answers, stdin)
-    # Ask for progress and (2026-07-28, where logs are opt-in per request) log notifications.
-    meta: dict[str, Any] = {"progressToken": f"mcp-task-gateway-call-{tool}"}
+    # Ask for progress and (2026-07-28, where logs are opt-in per request) log notifications, for the
+    # call's own response. A 2025-11-25 task-augmented call answers at once: its task's events say it all.
+    meta: dict[str, Any] = {}
+    if era == "modern" or not (task or follow):
+        meta["progressToken"] = f"mcp-task-gateway-call-{tool}"
     if era == "modern":
         meta[LOG_LEVEL_KEY] = "info"
     try:
