@@ -11,6 +11,7 @@ elicitation) are refused: this client declares form elicitation only (`CAPABILIT
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
@@ -61,6 +62,8 @@ class Answerer:
         self._say = say
         self._before_prompt = before_prompt
         self._lock = asyncio.Lock()  # one prompt at a time, however many questions arrive at once
+        self._typed = b""
+        """What was typed beyond the last line read (several lines may come at once, e.g. pasted)."""
 
     async def __call__(self, method: str, params: Message) -> Message:
         mode = params.get("mode", "form")
@@ -117,10 +120,35 @@ class Answerer:
         return {"action": "accept", "content": content}
 
     async def _read(self, prompt: str) -> str | None:
+        """One line typed at the terminal (None at end of input). It reads the descriptor on the event
+        loop, not in a thread: a thread blocked in readline would keep Ctrl-C from ending the command."""
         self._err.write(prompt)
         self._err.flush()
-        line = await asyncio.to_thread(self._stdin.readline)
-        return line.strip() if line else None
+        fd = self._stdin.fileno()
+        while b"\n" not in self._typed:
+            await _readable(fd)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                line, self._typed = self._typed, b""
+                return line.decode(errors="replace").strip() if line else None
+            self._typed += chunk
+        line, _, self._typed = self._typed.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 def _prompt_text(name: str, spec: Mapping[str, Any], required: bool) -> str:
