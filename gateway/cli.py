@@ -1,4 +1,4 @@
-"""The `mcp-task-gateway` command: serve, check-config, call, tasks, tail, conformance and demo.
+"""The `mcp-task-gateway` command: serve, check-config, call, tasks, tools, tail, conformance and demo.
 
 Thin: it parses the command line and hands over; the client commands live in `gateway.client`
 (`tail.py`, `commands.py`), the conformance kit in `gateway.conformance`, the server in `gateway.app`."""
@@ -24,9 +24,11 @@ from gateway.config import Config, ConfigError, describe_errors, load_config, pa
 from gateway.stores.sqlite import StoreUnavailable
 
 EXIT_CODES = (
-    "Exit codes: 0 completed (call --task, tasks list|get|cancel: done), 1 failed (or the tool's result has "
-    "isError), 2 unknown task, another error answer (401/403 too) or bad input, 3 cancelled, "
-    "4 events no longer retained (events_gone), 5 gateway unreachable."
+    "Exit codes: 0 completed (call --task, tasks list|get|cancel, tools: done), 1 failed (or the tool's result "
+    "has isError), 2 unknown task, another error answer (401/403 too, a path that answers 404) or bad input, "
+    "3 cancelled, 4 events no longer retained (events_gone), 5 gateway unreachable, 6 call --task answered "
+    "without a task (the answer is on stderr), 130 interrupted (Ctrl-C; tail and --follow print the command "
+    "that resumes)."
 )
 log = logging.getLogger("gateway")
 
@@ -38,6 +40,10 @@ HEADER_HELP = (
 DATA_DIR_ENV = "MCP_GATEWAY_DATA_DIR"
 """The environment variable naming the data folder, when `serve --data-dir` does not."""
 ERA_HELP = "protocol era: legacy (2025-11-25, the default) or modern (2026-07-28)"
+ANSWERS_HELP = (
+    "answers to the server's form questions (elicitation), a JSON object of field values, e.g. "
+    "'{\"confirm\": true}'; without it, a terminal prompts for them"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         help="call a tool: print its result, or start it as a task (--task) and follow it (--follow)",
-        description="Call a tool and print its result. With --task, start it as a task and print the task id "
+        description="Call a tool and print its result, showing its progress and log messages on stderr "
+        "meanwhile. With --task, start it as a task and print the task id, and nothing else on stdout "
         "(fetch the result later with `tasks URL result TASK_ID`); with --task --follow, print the task's events "
         "as they arrive, like tail, then its result. " + EXIT_CODES,
     )
@@ -93,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--follow", action="store_true", help="with --task (implied): print its events, then its result")
     call.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
     call.add_argument("--json", action="store_true", help="print JSON: the result (one object per line; events too)")
+    call.add_argument("--answers", metavar="JSON", dest="answers_json", help=ANSWERS_HELP)
+    call.add_argument("--quiet", action="store_true", help="do not show progress and log messages on stderr")
     call.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
     tasks = commands.add_parser(
@@ -106,7 +115,19 @@ def _parser() -> argparse.ArgumentParser:
     tasks.add_argument("task_id", metavar="TASK_ID", nargs="?", help="the task (get, result, cancel)")
     tasks.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
     tasks.add_argument("--json", action="store_true", help="print JSON: the task, the result, or one task per line")
+    tasks.add_argument("--answers", metavar="JSON", dest="answers_json", help="result: " + ANSWERS_HELP)
     tasks.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
+
+    tools = commands.add_parser(
+        "tools",
+        help="list the tools: name, task support, description",
+        description="List the server's tools (tools/list): name, effective task support (the tool's "
+        "execution.taskSupport: forbidden, optional or required) and the first line of the description. " + EXIT_CODES,
+    )
+    tools.add_argument("url", metavar="URL", help=URL_HELP)
+    tools.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
+    tools.add_argument("--json", action="store_true", help="print each tool as listed, one JSON object per line")
+    tools.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
     tail = commands.add_parser(
         "tail",
@@ -304,13 +325,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 era=args.era,
                 json_out=args.json,
                 headers=args.header,
+                quiet=args.quiet,
+                answers_json=args.answers_json,
             )
         if args.command == "tasks":
             from gateway.client import commands
 
             return commands.main_tasks(
-                args.url, args.action, args.task_id, era=args.era, json_out=args.json, headers=args.header
+                args.url,
+                args.action,
+                args.task_id,
+                era=args.era,
+                json_out=args.json,
+                headers=args.header,
+                answers_json=args.answers_json,
             )
+        if args.command == "tools":
+            from gateway.client import commands
+
+            return commands.main_tools(args.url, era=args.era, json_out=args.json, headers=args.header)
         if args.command == "conformance":
             from gateway.conformance import command
 

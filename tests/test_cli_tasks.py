@@ -42,7 +42,8 @@ async def cli(*args: str, timeout: float = 60, env: Mapping[str, str] | None = N
     stdout, stderr); never a traceback."""
     if not CLI.exists():
         pytest.fail(f"{CLI} is missing: run the tests with `make test` (it installs the console script)")
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **(env or {})}
+    # PYTHONPATH: this checkout's gateway, whichever checkout the venv's editable install points at.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = await asyncio.create_subprocess_exec(
         str(CLI), *args,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -163,7 +164,7 @@ async def test_call_task_follow_result_list(gw: RunningGateway) -> None:
     assert json.loads(out)["taskId"] == task_id and json.loads(out)["status"] == "completed"
     code, out, err = await cli("tasks", url, "list")
     assert code == 0, err
-    assert any(line.split()[:2] == [task_id, "completed"] for line in out.splitlines()), out
+    assert any(line.split()[:3] == [task_id, "slow_build", "completed"] for line in out.splitlines()), out
     code, out, err = await cli("tasks", url, "list", "--json")
     assert code == 0, err
     assert task_id in [task["taskId"] for task in json_lines(out)]

@@ -143,7 +143,7 @@ def test_readme_example_runs(example: Example, gateway_port: int, tmp_path: Path
         command = ["bash", "-e", "-o", "pipefail", str(script)]
     script.write_text(code, encoding="utf-8")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's gateway, whichever checkout the venv was installed from
     try:
         done = subprocess.run(
             command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,

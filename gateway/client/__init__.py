@@ -1,7 +1,8 @@
 """A small SEP-2694 consumer over Streamable HTTP: `GatewayClient` opens task event streams, resumes
 them after a seq, and follows a task to its end across dropped connections (`follow`).
 
-Used by `mcp-task-gateway tail` (`tail.py`), `call` and `tasks` (`commands.py`) and `demo` (`demo.py`);
+Used by `mcp-task-gateway tail` (`tail.py`), `call`, `tasks` and `tools` (`commands.py`, with the
+progress display `progress.py` and the answers to elicitation `elicit.py`) and `demo` (`demo.py`);
 usable by any asyncio program.
 The client (`stream.py`) speaks to any MCP endpoint that serves `tasks/stream`, in either era, and
 never imports the gateway's server side; only `demo.py` does, to run a gateway in-process.
@@ -10,6 +11,7 @@ never imports the gateway's server side; only `demo.py` does, to run a gateway i
 from __future__ import annotations
 
 from gateway.client.stream import (
+    EndpointNotFound,
     EventsGone,
     GatewayClient,
     GatewayError,
@@ -21,6 +23,7 @@ from gateway.client.stream import (
 )
 
 __all__ = [
+    "EndpointNotFound",
     "EventsGone",
     "GatewayClient",
     "GatewayError",

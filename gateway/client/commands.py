@@ -1,41 +1,53 @@
-"""`mcp-task-gateway call` and `mcp-task-gateway tasks`: a tool call or a task method from the shell.
+"""`mcp-task-gateway call`, `tasks` and `tools`: a tool call, a task method or the tool list from the shell.
 
-`call URL TOOL` prints the tool's result; `--task` starts it as a task and prints the task id;
-`--task --follow` prints its events like `tail` (same printer, same following), then its result.
-`tasks URL list|get|result|cancel [TASK_ID]` is one task method. Each invocation is one client
-session (legacy) or one envelope (modern): nothing is kept between commands but the task id.
+`call URL TOOL` prints the tool's result, showing its progress and log notifications on stderr
+meanwhile (`progress.py`; `--quiet` silences them); `--task` starts it as a task and prints the task
+id, and nothing else: a server that answers at once, without a task, gets its answer printed on stderr
+and exit 6; `--task --follow` prints its events like `tail` (same printer, same following), then its
+result. The server's questions (form elicitation; 2026-07-28 input rounds, tasks in `input_required`)
+are answered from `--answers` or a prompt on a terminal (`elicit.py`). `tasks URL list|get|result|cancel
+[TASK_ID]` is one task method; `tools URL` lists the tools with their task support. Each invocation is
+one client session (legacy) or one envelope (modern): nothing is kept between commands but the task id.
 
 Results and tasks go to stdout (readable text, or JSON with `--json`); notices and errors go to
 stderr in one line each, never a traceback. Exit codes are `tail`'s (`tail.py`): for the commands
 about an outcome (`call`, `call --task --follow`, `tasks result`) 0 completed, 1 failed (or a tool
-result with isError), 3 cancelled, 4 events gone; for the others (`call --task`, `tasks list|get|cancel`)
-0 when it was done. For all: 2 an error answer (unknown task, unknown tool, a 401 or 403 of a gateway
-with `[auth]`...) or bad input, 5 the gateway is unreachable, 130 interrupted. `--header 'Name: value'`
-(or `MCP_GATEWAY_TOKEN`, `headers.py`) goes with every request.
+result with isError), 3 cancelled, 4 events gone; for the others (`call --task`, `tasks list|get|cancel`,
+`tools`) 0 when it was done, and 6 for a `call --task` answered without a task. For all: 2 an error
+answer (unknown task, unknown tool, a 401 or 403 of a gateway with `[auth]`, a path that answers 404...)
+or bad input, 5 the gateway is unreachable, 130 interrupted. `--header 'Name: value'` (or
+`MCP_GATEWAY_TOKEN`, `headers.py`) goes with every request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Literal, TextIO
 
 import orjson
 
+from gateway.client.elicit import CAPABILITIES, Answerer, parse_answers
 from gateway.client.headers import BadHeader, request_headers
+from gateway.client.progress import ProgressDisplay
 from gateway.client.stream import EraName, GatewayClient, GatewayError, JsonRpcError
 from gateway.client.tail import (
     EXIT_COMPLETED,
     EXIT_FAILED,
+    EXIT_NO_TASK,
     Printer,
     UsageError,
     check_url,
     exit_code,
     failure,
     follow_task,
+    interrupted_notice,
     run,
     usage_error,
 )
+from gateway.protocol.dialect import LOG_LEVEL_KEY, TASK_TOOL_KEY
 
 TaskAction = Literal["list", "get", "result", "cancel"]
 
@@ -95,22 +107,53 @@ def task_line(task: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Left-aligned columns two spaces apart, the header first; the last column is not padded."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
+            for row in [header, *rows]]  # fmt: skip
+
+
+def task_row(task: Mapping[str, Any]) -> list[str]:
+    """A `tasks list` row: id, tool (the gateway's `_meta`, else -), status, created."""
+    meta = task.get("_meta")
+    tool = meta.get(TASK_TOOL_KEY) if isinstance(meta, dict) else None
+    return [str(task.get("taskId")), str(tool or "-"), str(task.get("status")), str(task.get("createdAt", "-"))]
+
+
+def task_support(tool: Mapping[str, Any], era: EraName) -> str:
+    """A tool's effective task support: its `execution.taskSupport`; when absent, 2025-11-25's default
+    `forbidden`, and in 2026-07-28 (where the server decides per call) `-`."""
+    execution = tool.get("execution")
+    support = execution.get("taskSupport") if isinstance(execution, dict) else None
+    if isinstance(support, str):
+        return support
+    return "forbidden" if era == "legacy" else "-"
+
+
+def first_line(text: object, width: int = 100) -> str:
+    line = str(text or "").strip().split("\n", 1)[0]
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 class Output:
     """Where a command writes: results to `out` (text or JSON); events and one-line notices through
     `events`, the printer `tail` uses."""
 
-    def __init__(self, prog: str, out: TextIO, err: TextIO, *, json_out: bool) -> None:
+    def __init__(self, prog: str, out: TextIO, err: TextIO, *, json_out: bool, printer: Printer | None = None) -> None:
         self.out = out
+        self.err = err
         self.json = json_out
-        self.events = Printer(out, err, json_lines=json_out, prog=prog)
+        self.events = printer or Printer(out, err, json_lines=json_out, prog=prog)
 
     def say(self, text: str) -> None:
         self.events.notice(text)
 
-    def line(self, value: object, text: str) -> None:
-        """`value` as JSON with --json, else `text`."""
-        self.out.write((orjson.dumps(value).decode() if self.json else text) + "\n")
-        self.out.flush()
+    def line(self, value: object, text: str, *, to: TextIO | None = None) -> None:
+        """`value` as JSON with --json, else `text`; to stdout unless told `to`."""
+        stream = to or self.out
+        stream.write((orjson.dumps(value).decode() if self.json else text) + "\n")
+        stream.flush()
 
     def result(self, result: Mapping[str, Any]) -> int:
         """Print a tool's result; EXIT_FAILED when it reports an error (isError), else EXIT_COMPLETED."""
@@ -124,6 +167,14 @@ class Output:
 # -- call -----------------------------------------------------------------------------------------
 
 
+def answerer(output: Output, display: ProgressDisplay, answers: Mapping[str, Any] | None, stdin: TextIO) -> Answerer:
+    """The answers to the server's questions: `answers`, then a prompt when stdin and stderr are a terminal."""
+    interactive = stdin.isatty() and output.err.isatty()
+    return Answerer(
+        answers, interactive=interactive, stdin=stdin, err=output.err, say=output.say, before_prompt=display.clear
+    )
+
+
 async def call(
     url: str,
     tool: str,
@@ -134,38 +185,86 @@ async def call(
     era: EraName = "legacy",
     json_out: bool = False,
     headers: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    answers: Mapping[str, Any] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    stdin: TextIO = sys.stdin,
+    printer: Printer | None = None,
 ) -> int:
     """`call`: see the module docstring. `follow` implies `task`."""
-    output = Output("call", out, err, json_out=json_out)
+    output = Output("call", out, err, json_out=json_out, printer=printer)
+    display = ProgressDisplay(err, "call", quiet=quiet)
+    on_input = answerer(output, display, answers, stdin)
+    # Ask for progress and (2026-07-28, where logs are opt-in per request) log notifications, for the
+    # call's own response. A 2025-11-25 task-augmented call answers at once: its task's events say it all.
+    meta: dict[str, Any] = {}
+    if era == "modern" or not (task or follow):
+        meta["progressToken"] = f"mcp-task-gateway-call-{tool}"
+    if era == "modern":
+        meta[LOG_LEVEL_KEY] = "info"
     try:
-        async with GatewayClient(url, era=era, headers=headers) as client:
-            result = await client.call_tool(tool, arguments, task=task or follow)
+        async with GatewayClient(url, era=era, headers=headers, capabilities=CAPABILITIES, on_input=on_input) as client:
+            result = await client.call_tool(
+                tool, arguments, task=task or follow, meta=meta, on_message=display.notification
+            )
+            display.clear()
             task_id = client.created_task(result)
             if task_id is None:
-                if task or follow:
+                if follow:
                     output.say("the server answered at once, without creating a task")
+                elif task:
+                    # stdout carries only a task id: `TASK=$(… --task)` must not capture a result.
+                    output.say("the server answered at once, without creating a task; its answer:")
+                    output.line(dict(result), result_text(result), to=err)
+                    return EXIT_NO_TASK
                 return output.result(result)
             if not (task or follow):
-                # A modern server may make any call a task: the caller asked for the result, so wait for it.
-                return await show_outcome(client, task_id, output)
+                # A modern server may make any call a task: the caller asked for the result, so wait for
+                # it, showing the task's progress and logs as the call's.
+                return await show_outcome(client, task_id, output, display=display)
             if not follow:
                 output.line(result, task_id)
                 return EXIT_COMPLETED
             output.say(f"task {task_id} started; following its events")
-            code = await follow_task(client, task_id, output.events)
-            if code in (EXIT_COMPLETED, EXIT_FAILED):
-                return await show_outcome(client, task_id, output)
-            return code
+            # Waiting for the result meanwhile is what gets the task's questions answered.
+            outcome = asyncio.create_task(client.task_result(task_id))
+            try:
+                code = await follow_task(client, task_id, output.events)
+                if code in (EXIT_COMPLETED, EXIT_FAILED):
+                    return await show_outcome(client, task_id, output, outcome=outcome)
+                return code
+            finally:
+                await _stop(outcome)
     except GatewayError as exc:
+        display.clear()
         return failure(exc, output.say, f"tools/call {tool}")
+    except asyncio.CancelledError:
+        display.clear()  # Ctrl-C: the notice goes on a line of its own
+        raise
 
 
-async def show_outcome(client: GatewayClient, task_id: str, output: Output) -> int:
-    """Print a task's result (waiting for it if need be); the exit code of how the task ended."""
+async def _stop(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, GatewayError):
+        await task
+
+
+async def show_outcome(
+    client: GatewayClient,
+    task_id: str,
+    output: Output,
+    *,
+    outcome: Awaitable[dict[str, Any]] | None = None,
+    display: ProgressDisplay | None = None,
+) -> int:
+    """Print a task's result (waiting for it if need be, or for `outcome`); the exit code of how the
+    task ended. `display` shows the task's progress and logs meanwhile."""
+    watcher = None
+    if display is not None:
+        watcher = asyncio.create_task(client.follow(task_id, on_event=display.event))
     try:
-        result = await client.task_result(task_id)
+        result = await (outcome if outcome is not None else client.task_result(task_id))
     except JsonRpcError as exc:
         # A failed or cancelled task has no result, only an error: its status says how it ended.
         status = str((await client.get_task(task_id))["result"].get("status"))
@@ -173,6 +272,11 @@ async def show_outcome(client: GatewayClient, task_id: str, output: Output) -> i
             raise
         output.say(f"task {task_id} {status}: {exc.message} (code {exc.code})")
         return exit_code(status)
+    finally:
+        if watcher is not None:
+            await _stop(watcher)
+        if display is not None:
+            display.clear()
     return output.result(result)
 
 
@@ -187,17 +291,25 @@ async def tasks(
     era: EraName = "legacy",
     json_out: bool = False,
     headers: Mapping[str, str] | None = None,
+    answers: Mapping[str, Any] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    stdin: TextIO = sys.stdin,
 ) -> int:
     """`tasks`: see the module docstring."""
     output = Output("tasks", out, err, json_out=json_out)
     subject = "tasks/list" if action == "list" else f"task {task_id}"
+    on_input = answerer(output, ProgressDisplay(err, "tasks", quiet=True), answers, stdin)
     try:
-        async with GatewayClient(url, era=era, headers=headers) as client:
+        async with GatewayClient(url, era=era, headers=headers, capabilities=CAPABILITIES, on_input=on_input) as client:
             if action == "list":
-                for listed in await client.list_tasks():
-                    output.line(listed, task_line(listed))
+                listed = await client.list_tasks()
+                if json_out:
+                    for each in listed:
+                        output.line(each, "")
+                else:
+                    lines = table(["TASK ID", "TOOL", "STATUS", "CREATED"], [task_row(each) for each in listed])
+                    output.out.write("\n".join(lines if listed else ["no tasks"]) + "\n")
                 return EXIT_COMPLETED
             assert task_id is not None
             if action == "result":
@@ -210,6 +322,36 @@ async def tasks(
             return EXIT_COMPLETED
     except GatewayError as exc:
         return failure(exc, output.say, subject)
+
+
+# -- tools ----------------------------------------------------------------------------------------
+
+
+async def tools(
+    url: str,
+    *,
+    era: EraName = "legacy",
+    json_out: bool = False,
+    headers: Mapping[str, str] | None = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """`tools`: a table of name, task support and description (`--json`: each tool as listed, one a line)."""
+    output = Output("tools", out, err, json_out=json_out)
+    try:
+        async with GatewayClient(url, era=era, headers=headers) as client:
+            listed = await client.list_tools()
+    except GatewayError as exc:
+        return failure(exc, output.say, "tools/list")
+    if json_out:
+        for tool in listed:
+            output.line(tool, "")
+        return EXIT_COMPLETED
+    rows = [[str(tool.get("name")), task_support(tool, era), first_line(tool.get("description"))] for tool in listed]
+    lines = table(["NAME", "TASKS", "DESCRIPTION"], rows) if rows else ["no tools"]
+    out.write("\n".join(lines) + "\n")
+    out.flush()
+    return EXIT_COMPLETED
 
 
 # -- entry points ---------------------------------------------------------------------------------
@@ -225,15 +367,26 @@ def main_call(
     era: EraName = "legacy",
     json_out: bool = False,
     headers: Sequence[str] = (),
+    quiet: bool = False,
+    answers_json: str | None = None,
 ) -> int:
     """Entry point of `mcp-task-gateway call`."""
     try:
         check_url(url)
         arguments = parse_arguments(args_json)
+        answers = parse_answers(answers_json)
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "call")
-    return run(call(url, tool, arguments, task=task, follow=follow, era=era, json_out=json_out, headers=sent))
+    printer = Printer(sys.stdout, sys.stderr, json_lines=json_out, prog="call")
+    command = call(
+        url, tool, arguments, task=task, follow=follow, era=era, json_out=json_out, headers=sent, quiet=quiet,
+        answers=answers, printer=printer,
+    )  # fmt: skip
+    return run(
+        command,
+        interrupted_notice(url, printer, era=era, json_lines=json_out, headers=headers),
+    )
 
 
 def main_tasks(
@@ -244,6 +397,7 @@ def main_tasks(
     era: EraName = "legacy",
     json_out: bool = False,
     headers: Sequence[str] = (),
+    answers_json: str | None = None,
 ) -> int:
     """Entry point of `mcp-task-gateway tasks`."""
     try:
@@ -252,7 +406,18 @@ def main_tasks(
             raise UsageError("list takes no TASK_ID")
         if action != "list" and not task_id:
             raise UsageError(f"{action} needs a TASK_ID: mcp-task-gateway tasks URL {action} TASK_ID")
+        answers = parse_answers(answers_json)
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tasks")
-    return run(tasks(url, action, task_id, era=era, json_out=json_out, headers=sent))
+    return run(tasks(url, action, task_id, era=era, json_out=json_out, headers=sent, answers=answers))
+
+
+def main_tools(url: str, *, era: EraName = "legacy", json_out: bool = False, headers: Sequence[str] = ()) -> int:
+    """Entry point of `mcp-task-gateway tools`."""
+    try:
+        check_url(url)
+        sent = request_headers(headers)
+    except (UsageError, BadHeader) as exc:
+        return usage_error(exc, "tools")
+    return run(tools(url, era=era, json_out=json_out, headers=sent))

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -36,6 +37,10 @@ OnEvent = Callable[[Message], Awaitable[None] | None]
 OnMessage = Callable[[Message], Awaitable[None] | None]
 OnReconnect = Callable[[int, int | None, BaseException], None]
 """`on_reconnect(attempt, resume_after, reason)`: called before each reconnect of `follow`."""
+OnInput = Callable[[str, Message], Awaitable[Message]]
+"""`on_input(method, params)`: the client's answer (a result object) to what a server asks of it: a
+2025-11-25 server request (`elicitation/create`...), an input request of a 2026-07-28 round (MRTR) or
+of a task in `input_required`. Raise JsonRpcError to answer a server request with that error."""
 
 LEGACY_VERSION = "2025-11-25"
 MODERN_VERSION = "2026-07-28"
@@ -45,6 +50,9 @@ EVENT_METHOD = "notifications/tasks/event"
 EVENTS_GONE_CODE = -32010
 INVALID_PARAMS = -32602
 REQUEST_CANCELLED = -32800
+METHOD_NOT_FOUND = -32601
+MAX_INPUT_ROUNDS = 32
+"""Bound on the 2026-07-28 input rounds of one call (the gateway's own bound for a task's)."""
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -103,6 +111,25 @@ class TransportError(GatewayError, ConnectionError):
     """The request did not get a JSON-RPC answer: connection refused or reset, timeout, bad HTTP reply."""
 
 
+class EndpointNotFound(TransportError):
+    """The URL's path answered HTTP 404 with no JSON-RPC in it: something listens there, but not an MCP
+    endpoint. `suggestion` is the URL the endpoint probably has (`…/mcp`), or None."""
+
+    def __init__(self, url: str) -> None:
+        self.suggestion = suggest_endpoint(url)
+        hint = f"; did you mean {self.suggestion}?" if self.suggestion else ""
+        super().__init__(f"HTTP 404 from {url}: no MCP endpoint at this path{hint}")
+
+
+def suggest_endpoint(url: str) -> str | None:
+    """`url` with `/mcp` as its path's last segment (the gateway's and the SDKs' default), unless it has it."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if path.endswith("/mcp"):
+        return None
+    return urlunsplit(parts._replace(path=path + "/mcp", query="", fragment=""))
+
+
 class StreamDropped(TransportError):
     """A response stream ended (or was cut) before its JSON-RPC response arrived."""
 
@@ -151,6 +178,11 @@ class GatewayClient:
 
     Use it as an async context manager: in legacy it opens a session on enter (renewing it whenever
     the server answers 404 for it) and deletes it on exit. Safe to use from several asyncio tasks.
+
+    `capabilities` are the client capabilities it declares (legacy: in initialize; modern: in each
+    request's envelope, beside the tasks extension), e.g. `{"elicitation": {"form": {}}}`; `on_input`
+    answers what the server asks (`OnInput`). Without `on_input`, server requests get -32601 and a
+    2026-07-28 `input_required` round is returned to the caller as it is.
     """
 
     def __init__(
@@ -162,12 +194,16 @@ class GatewayClient:
         session: aiohttp.ClientSession | None = None,
         idle_timeout: float = 60.0,
         connect_timeout: float = 10.0,
+        capabilities: Mapping[str, Any] | None = None,
+        on_input: OnInput | None = None,
     ) -> None:
         if era not in ("legacy", "modern"):
             raise ValueError(f"era must be 'legacy' or 'modern', not {era!r}")
         self.url = url
         self.era: EraName = era
         self._extra_headers = dict(headers or {})
+        self._capabilities = dict(capabilities or {})
+        self._on_input = on_input
         self._http = session
         self._own_http = session is None
         # sock_read bounds silence, not duration: the server sends keep-alive comments on idle streams.
@@ -234,7 +270,7 @@ class GatewayClient:
             "method": "initialize",
             "params": {
                 "protocolVersion": LEGACY_VERSION,
-                "capabilities": {},
+                "capabilities": self._capabilities,
                 "clientInfo": {"name": "mcp-task-gateway-client", "version": __version__},
             },
         }
@@ -295,7 +331,7 @@ class GatewayClient:
         if self.era == "modern":
             meta = {
                 PROTOCOL_VERSION_KEY: MODERN_VERSION,
-                CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}},
+                CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}, **self._capabilities},
                 **(body.get("_meta") or {}),
             }
             body["_meta"] = meta
@@ -342,6 +378,8 @@ class GatewayClient:
                     yield message
                 return
             if content_type != "text/event-stream":
+                if response.status == 404:
+                    raise EndpointNotFound(self.url)
                 text = (await response.read())[:200].decode(errors="replace")
                 raise TransportError(f"HTTP {response.status} {response.reason} ({content_type or 'no body'}): {text}")
             parser = SseParser()
@@ -374,21 +412,26 @@ class GatewayClient:
         raise StreamDropped(f"the response ended before the answer to request {request_id!r}")
 
     async def _other(self, message: Message, on_message: OnMessage | None) -> None:
-        """A message that is not the awaited response: a notification, or a server request we decline."""
+        """A message that is not the awaited response: a notification, or a server request to answer."""
         if "method" in message and "id" in message:
-            await self._decline(message)
+            await self._answer(message)
         elif on_message is not None and "method" in message:
             await _maybe_await(on_message(message))
 
-    async def _decline(self, request: Message) -> None:
-        """This client offers no sampling, elicitation or roots: answer such server requests with an error."""
+    async def _answer(self, request: Message) -> None:
+        """Answer a (legacy) server request with `on_input`'s result; without `on_input`, or when it
+        raises JsonRpcError, with an error."""
         if self.era != "legacy":
             return
-        answer = {
-            "jsonrpc": "2.0",
-            "id": request["id"],
-            "error": {"code": -32601, "message": f"Method not found: this client does not serve {request['method']}"},
-        }
+        method = str(request["method"])
+        answer: Message = {"jsonrpc": "2.0", "id": request["id"]}
+        try:
+            if self._on_input is None:
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: this client does not serve {method}")
+            params = request.get("params")
+            answer["result"] = await self._on_input(method, params if isinstance(params, dict) else {})
+        except JsonRpcError as exc:
+            answer["error"] = {"code": exc.code, "message": exc.message}
         with contextlib.suppress(TransportError):
             await self._send_only(answer)
 
@@ -511,14 +554,52 @@ class GatewayClient:
     # -- task helpers -----------------------------------------------------------------------------
 
     async def call_tool(
-        self, tool: str, arguments: Mapping[str, Any] | None = None, *, task: bool = False, ttl_ms: int | None = None
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        task: bool = False,
+        ttl_ms: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+        on_message: OnMessage | None = None,
     ) -> dict[str, Any]:
-        """`tools/call`; the result object. Legacy with `task=True`: a task-augmented call (CreateTaskResult)."""
+        """`tools/call`; the result object. Legacy with `task=True`: a task-augmented call (CreateTaskResult).
+
+        `meta` goes in `params._meta` (a `progressToken`, a 2026-07-28 log level); `on_message` sees the
+        notifications the call's response carries. With `on_input`, a 2026-07-28 `input_required`
+        answer is answered and the call retried with `inputResponses` and the echoed `requestState`,
+        up to MAX_INPUT_ROUNDS rounds."""
         params: dict[str, Any] = {"name": tool, "arguments": dict(arguments or {})}
+        if meta:
+            params["_meta"] = dict(meta)
         if task and self.era == "legacy":
             params["task"] = {} if ttl_ms is None else {"ttl": ttl_ms}
-        result: dict[str, Any] = (await self.request("tools/call", params))["result"]
-        return result
+        for _ in range(MAX_INPUT_ROUNDS):
+            result: dict[str, Any] = (await self.request("tools/call", params, on_message=on_message))["result"]
+            if result.get("resultType") != "input_required" or self._on_input is None:
+                return result
+            params = {k: v for k, v in params.items() if k not in ("inputResponses", "requestState")}
+            requests = result.get("inputRequests")
+            if isinstance(requests, dict) and requests:
+                params["inputResponses"] = await self.answer_input(requests)
+            if "requestState" in result:
+                params["requestState"] = result["requestState"]
+        raise GatewayError(f"tools/call {tool!r}: still asking for input after {MAX_INPUT_ROUNDS} rounds")
+
+    async def answer_input(self, requests: Mapping[str, Any]) -> dict[str, Any]:
+        """A 2026-07-28 `inputRequests` object answered by `on_input`, key by key (`inputResponses`)."""
+        assert self._on_input is not None
+        responses: dict[str, Any] = {}
+        for key, request in requests.items():
+            if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+                raise GatewayError(f"input request {key!r} is not a request object: {orjson.dumps(request)[:200]!r}")
+            params = request.get("params")
+            responses[key] = await self._on_input(request["method"], params if isinstance(params, dict) else {})
+        return responses
+
+    async def list_tools(self, *, max_pages: int = 1000) -> list[dict[str, Any]]:
+        """`tools/list`, every page (following `nextCursor`)."""
+        return await self._pages("tools/list", "tools", max_pages)
 
     async def start_task(
         self, tool: str, arguments: Mapping[str, Any] | None = None, ttl_ms: int | None = None
@@ -553,27 +634,43 @@ class GatewayClient:
     async def list_tasks(self, *, max_pages: int = 1000) -> list[dict[str, Any]]:
         """`tasks/list`, every page (following `nextCursor`): the caller's tasks. Legacy only: the
         2026-07-28 tasks extension has no tasks/list (a server answers method not found)."""
-        tasks: list[dict[str, Any]] = []
+        return await self._pages("tasks/list", "tasks", max_pages)
+
+    async def _pages(self, method: str, key: str, max_pages: int) -> list[dict[str, Any]]:
+        """The objects of a paginated list method's `key`, every page."""
+        items: list[dict[str, Any]] = []
         cursor: object = None
         for _ in range(max_pages):
-            result = (await self.request("tasks/list", None if cursor is None else {"cursor": cursor}))["result"]
-            page = result.get("tasks")
+            result = (await self.request(method, None if cursor is None else {"cursor": cursor}))["result"]
+            page = result.get(key)
             if isinstance(page, list):
-                tasks.extend(task for task in page if isinstance(task, dict))
+                items.extend(item for item in page if isinstance(item, dict))
             cursor = result.get("nextCursor")
             if not isinstance(cursor, str) or not cursor:
-                return tasks
-        raise GatewayError(f"tasks/list: still more after {max_pages} pages")
+                return items
+        raise GatewayError(f"{method}: still more after {max_pages} pages")
 
     async def task_result(self, task_id: str) -> dict[str, Any]:
         """The task's result once it is terminal (legacy: tasks/result, which blocks; modern: tasks/get
-        polled at the task's pollInterval). An error outcome or cancellation raises JsonRpcError."""
+        polled at the task's pollInterval). An error outcome or cancellation raises JsonRpcError.
+
+        With `on_input`, the task's questions are answered meanwhile: legacy server requests on the
+        tasks/result stream, modern `inputRequests` of an `input_required` task with tasks/update."""
         if self.era == "legacy":
             result: dict[str, Any] = (await self.request("tasks/result", {"taskId": task_id}))["result"]
             return result
+        answered: set[str] = set()  # keys are unique over a task's life (the gateway renames reused ones)
         while True:
             task = (await self.get_task(task_id))["result"]
             status = task.get("status")
+            requests = task.get("inputRequests")
+            if status == "input_required" and self._on_input is not None and isinstance(requests, dict):
+                unanswered = {key: request for key, request in requests.items() if key not in answered}
+                if unanswered:
+                    responses = await self.answer_input(unanswered)
+                    await self.request("tasks/update", {"taskId": task_id, "inputResponses": responses})
+                    answered.update(responses)
+                    continue
             if status in TERMINAL_STATUSES:
                 if isinstance(task.get("result"), dict):
                     outcome: dict[str, Any] = task["result"]

@@ -10,14 +10,17 @@ arrived here, marked `~`. `--json` prints each event's params as sent, `_meta` (
 
 The printing, following and exit codes here are shared with `call` and `tasks` (`commands.py`).
 Exit codes: 0 completed, 1 failed, 2 unknown task or another error answer (a 401 or 403 of a gateway
-with `[auth]` too) or bad input, 3 cancelled, 4 events no longer retained (events_gone), 5 gateway
-unreachable, 130 interrupted. `--header` (and `MCP_GATEWAY_TOKEN`) go with every request (`headers.py`).
+with `[auth]` too, a URL whose path answers 404: the notice suggests `…/mcp`) or bad input, 3 cancelled,
+4 events no longer retained (events_gone), 5 gateway unreachable, 130 interrupted (Ctrl-C: the notice
+gives the last seq and the `tail … --after N` command that resumes). `--header` (and
+`MCP_GATEWAY_TOKEN`) go with every request (`headers.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -28,6 +31,7 @@ import orjson
 
 from gateway.client.headers import AUTH_HINT, BadHeader, request_headers
 from gateway.client.stream import (
+    EndpointNotFound,
     EraName,
     EventsGone,
     GatewayClient,
@@ -44,6 +48,8 @@ EXIT_ERROR = 2
 EXIT_CANCELLED = 3
 EXIT_EVENTS_GONE = 4
 EXIT_UNREACHABLE = 5
+EXIT_NO_TASK = 6
+"""`call --task`: the server answered at once with the tool's result, without making a task."""
 EXIT_INTERRUPTED = 130
 STATUS_EXIT = {"completed": EXIT_COMPLETED, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 
@@ -155,6 +161,13 @@ class Printer:
         self._timeline = Timeline(color=not json_lines and out.isatty())
         self.count = 0
         self.first: int | None = None
+        self.task_id: str | None = None
+        """The task being followed (set by `follow_task`)."""
+
+    @property
+    def last_seq(self) -> int | None:
+        """The seq of the last event printed, else the cursor it started after."""
+        return self.first + self.count - 1 if self.first is not None else self._after
 
     def event(self, event: dict[str, Any]) -> None:
         if self.first is None:
@@ -194,6 +207,7 @@ async def follow_task(
         where = "from the earliest retained event" if resume_after is None else f"after seq {resume_after}"
         printer.notice(f"stream interrupted ({reason}); reconnecting {where} (attempt {attempt}/{max_reconnects})")
 
+    printer.task_id = task_id
     try:
         last = await client.follow(
             task_id, after, on_event=printer.event, on_reconnect=reconnecting, max_reconnects=max_reconnects
@@ -230,6 +244,9 @@ def failure(exc: GatewayError, say: Callable[[str], None], subject: str) -> int:
     if isinstance(exc, StreamGap):
         say(f"{exc}")
         return EXIT_EVENTS_GONE
+    if isinstance(exc, EndpointNotFound):
+        say(f"{subject}: {exc}")
+        return EXIT_ERROR
     if isinstance(exc, JsonRpcError):
         status = f"HTTP {exc.http_status}: " if exc.http_status in (401, 403) else ""
         hint = f"; {AUTH_HINT}" if exc.http_status == 401 else ""
@@ -253,9 +270,10 @@ async def tail(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
     max_reconnects: int = 10,
+    printer: Printer | None = None,
 ) -> int:
     """Follow the task's events to its end; return the exit code (see the module docstring)."""
-    printer = Printer(out, err, json_lines=json_lines, after=after)
+    printer = printer or Printer(out, err, json_lines=json_lines, after=after)
     try:
         async with GatewayClient(url, era=era, headers=headers) as client:
             return await follow_task(client, task_id, printer, after=after, max_reconnects=max_reconnects)
@@ -277,11 +295,52 @@ def usage_error(exc: UsageError | BadHeader, prog: str) -> int:
     return EXIT_ERROR
 
 
-def run(command: Coroutine[Any, Any, int]) -> int:
-    """Run a command's coroutine to its exit code; Ctrl-C is 130, a reader that went away is not an error."""
+def resume_command(url: str, printer: Printer, *, era: EraName, json_lines: bool, headers: Sequence[str]) -> str | None:
+    """The `tail` command line that goes on where `printer` stopped (None before a task was followed).
+
+    Headers go in it except credentials (Authorization, Cookie...), which are not printed: they come
+    from MCP_GATEWAY_TOKEN or must be given again."""
+    if printer.task_id is None:
+        return None
+    words = ["mcp-task-gateway", "tail", url, printer.task_id]
+    if printer.last_seq is not None:
+        words += ["--after", str(printer.last_seq)]
+    if era != "legacy":
+        words += ["--era", era]
+    if json_lines:
+        words.append("--json")
+    for value in headers:
+        name = value.partition(":")[0].strip().lower()
+        if name not in CREDENTIAL_HEADERS:
+            words += ["--header", value]
+    return shlex.join(words)
+
+
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def interrupted_notice(
+    url: str, printer: Printer, *, era: EraName, json_lines: bool, headers: Sequence[str]
+) -> Callable[[], None]:
+    """What Ctrl-C on a followed task says: the last seq printed and the command that resumes."""
+
+    def notice() -> None:
+        resume = resume_command(url, printer, era=era, json_lines=json_lines, headers=headers)
+        if resume is not None:
+            where = "before any event" if printer.last_seq is None else f"after seq {printer.last_seq}"
+            printer.notice(f"interrupted {where} of task {printer.task_id}; resume with: {resume}")
+
+    return notice
+
+
+def run(command: Coroutine[Any, Any, int], on_interrupt: Callable[[], None] | None = None) -> int:
+    """Run a command's coroutine to its exit code; Ctrl-C is 130 (after `on_interrupt`), a reader that
+    went away is not an error."""
     try:
         return asyncio.run(command)
     except KeyboardInterrupt:
+        if on_interrupt is not None:
+            on_interrupt()
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`tail ... | head`): stop quietly, and keep the interpreter from
@@ -306,4 +365,9 @@ def main(
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tail")
-    return run(tail(url, task_id, after=after, json_lines=json_lines, era=era, headers=sent))
+    printer = Printer(sys.stdout, sys.stderr, json_lines=json_lines, after=after)
+    printer.task_id = task_id
+    return run(
+        tail(url, task_id, after=after, json_lines=json_lines, era=era, headers=sent, printer=printer),
+        interrupted_notice(url, printer, era=era, json_lines=json_lines, headers=headers),
+    )

@@ -24,7 +24,7 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, Dialect, TaskDetails, dialect_of, unknown_task
+from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, TaskDetails, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
@@ -334,7 +334,8 @@ class HostedTasks:
                 page = await self.registry.list_owned(caller.owner, cursor)
         if page is None:
             raise ProtocolError(jsonrpc.INVALID_PARAMS, "Invalid params: unknown cursor", request_id=request_id)
-        result: dict[str, Any] = {"tasks": [caller.dialect.task(record) for record in page.records]}
+        tasks = [{**caller.dialect.task(record), "_meta": {TASK_TOOL_KEY: record.tool}} for record in page.records]
+        result: dict[str, Any] = {"tasks": tasks}
         if page.next_cursor is not None:
             result["nextCursor"] = page.next_cursor
         return result
