@@ -8,6 +8,7 @@ after the budget while another principal is unaffected.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from collections import Counter
@@ -52,14 +53,13 @@ def test_the_failed_lookup_budget_is_per_principal_and_per_minute() -> None:
     clock = Clock()
     limits = PrincipalLimits(AuthLimits(failed_lookups_per_min=2), clock)
     for _ in range(2):
-        limits.check_lookups("a")
-        limits.lookup_failed("a")
+        limits.reserve_lookup("a")
     with pytest.raises(RateLimited) as refused:
-        limits.check_lookups("a")
+        limits.reserve_lookup("a")
     assert refused.value.retry_after_s == 60 and refused.value.data["reason"] == "lookup_budget"
-    limits.check_lookups("b")
+    limits.reserve_lookup("b")
     clock.now += 60
-    limits.check_lookups("a")
+    limits.reserve_lookup("a")
 
 
 def test_streams_are_counted_while_open() -> None:
@@ -150,3 +150,67 @@ async def test_guessed_task_ids_are_cut_off_after_the_budget_and_others_are_unaf
             "tasks/get", {"taskId": str(uuid.uuid4())}, headers={"Authorization": f"Bearer {KEY_B}"}
         )
         assert other.status != 429 and other.final["error"]["message"] == "Invalid params: no such task"
+
+
+def test_a_reserved_lookup_counts_until_given_back_once() -> None:
+    limits = PrincipalLimits(AuthLimits(failed_lookups_per_min=2), Clock())
+    give_back = limits.reserve_lookup("a")
+    limits.reserve_lookup("a")
+    with pytest.raises(RateLimited):
+        limits.reserve_lookup("a")  # both in flight: a third cannot pass the check meanwhile
+    give_back()
+    give_back()  # once only
+    limits.reserve_lookup("a")
+    with pytest.raises(RateLimited):
+        limits.reserve_lookup("a")
+
+
+CONCURRENCY = 100
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_lookup_budget_is_exact_at_concurrency_100(http: aiohttp.ClientSession) -> None:
+    """100 guessed ids at once against a budget of 60: exactly 60 are looked up, 40 get 429."""
+
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=202)
+
+    limits = "requests_per_s = 100000.0\nburst = 100000\nfailed_lookups_per_min = 60"
+    async with scripted(upstream) as url, start_gateway(upstream_url=url, config_text=config(limits)) as gw:
+        client = WireClient(http, gw.url, MODERN)
+        auth = {"Authorization": f"Bearer {KEY_A}"}
+        replies = await asyncio.gather(
+            *(client.request("tasks/get", {"taskId": str(uuid.uuid4())}, headers=auth) for _ in range(CONCURRENCY))
+        )
+        statuses = Counter(reply.status for reply in replies)
+        assert statuses[429] == CONCURRENCY - 60, statuses
+        unknown = [reply for reply in replies if reply.status != 429]
+        assert all(reply.final["error"]["message"] == "Invalid params: no such task" for reply in unknown)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_max_tasks_per_owner_is_exact_at_concurrency_100(http: aiohttp.ClientSession) -> None:
+    """100 calls at once that each become a task, against a cap of 20: exactly 20 tasks are made (the
+    rest answer as plain calls), and the other principal still makes one."""
+
+    async def upstream(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if "id" not in body:
+            return web.Response(status=202)
+        await asyncio.sleep(0.01)  # answers overlap, as a real upstream's do
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": {"content": []}})
+
+    text = config("requests_per_s = 100000.0\nburst = 100000")
+    text += '\n[tasks]\nmax_tasks_per_owner = 20\n\n[[tasks.tools]]\nmatch = "*"\nmodern = "always"\n'
+    async with scripted(upstream) as url, start_gateway(upstream_url=url, config_text=text) as gw:
+        client = WireClient(http, gw.url, MODERN)
+
+        async def call(key: str) -> str:
+            params = {"name": "echo", "arguments": {}}
+            reply = await client.request("tools/call", params, headers={"Authorization": f"Bearer {key}"})
+            final = reply.final
+            return final["result"].get("resultType", "complete") if "result" in final else final["error"]["message"]
+
+        outcomes = Counter(await asyncio.gather(*(call(KEY_A) for _ in range(CONCURRENCY))))
+        assert outcomes["task"] == 20, outcomes
+        assert await call(KEY_B) == "task"

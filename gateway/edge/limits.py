@@ -124,16 +124,29 @@ class PrincipalLimits:
                 math.ceil(wait),
             )
 
-    def check_lookups(self, owner: str) -> None:
-        """Before a request that names a task: RateLimited once `owner` used its failed-lookup budget."""
+    def reserve_lookup(self, owner: str) -> Callable[[], None]:
+        """Before a request that names a task: one of `owner`'s failed lookups, taken now (before any
+        await, so that concurrent lookups cannot all pass the check), or RateLimited once the budget is
+        used. The returned function gives it back, once, when the task was found."""
         lookups = self._window(owner)
         if lookups.failed >= self._config.failed_lookups_per_min:
             wait = math.ceil(lookups.window_start + LOOKUP_WINDOW_S - self._clock())
             raise RateLimited(
                 "lookup_budget", "auth.limits.failed_lookups_per_min", "too many unknown task ids", max(wait, 1)
             )
+        lookups.failed += 1
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:  # to the window it was taken from: a new window owes nothing
+                given_back = True
+                lookups.failed -= 1
+
+        return give_back
 
     def lookup_failed(self, owner: str) -> None:
+        """A failed lookup with none reserved (found at first, gone by the time it was answered)."""
         self._window(owner).failed += 1
 
     def _window(self, owner: str) -> _Lookups:

@@ -235,12 +235,17 @@ class TaskRegistry:
             expires_at=time.time() + ttl / 1000,
             upstream=upstream,
         )
-        await self.store.create(record)
+        # Counted before the first await, so that concurrent creations cannot all pass `check_room`.
+        self._count(record)
+        try:
+            await self.store.create(record)
+        except BaseException:
+            self._uncount(record.id)
+            raise
         # Known here before the next await: a shared store leases the task as `create` returns, and a
         # lease tick releases the leases of tasks the registry does not know.
         task = Task(record)
         self._tasks[task.id] = task
-        self._count(record)
         await self.log.create(task.id)
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
         lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
