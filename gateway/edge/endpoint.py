@@ -205,7 +205,7 @@ class McpEndpoint:
 
         async def session_channel() -> UpstreamChannel:
             self._budget.admit(message["id"])
-            await session.channel.resume()  # a parked session takes a process back (or gets 503)
+            await self._sessions.resume(session)  # a parked session takes a process back (or gets 503)
             return session.channel
 
         call = TaskCall(message, era, headers, session, session_channel, owner=principal.owner)
@@ -216,11 +216,13 @@ class McpEndpoint:
         self, request: web.Request, era: Era, message: Message, headers: dict[str, str], principal: Principal
     ) -> web.StreamResponse:
         try:
-            session = await self._sessions.create()
-        except Overloaded as error:
+            if self._limits is not None:
+                held = self._sessions.held_by(principal.owner)
+                self._limits.check_sessions(principal.owner, held, self._config.retry_after_s)
+            session = await self._sessions.create(principal.owner)
+        except (Overloaded, RateLimited) as error:
             error.request_id = message["id"]
             raise
-        session.owner = principal.owner
         with session.serving():  # the handshake timeout runs once initialize has been answered
             exchange = await session.channel.request(message, headers)
             try:
