@@ -23,8 +23,8 @@ from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.lease_store import Claim, Renewal
 from gateway.tasks.leases import OwnerLeases
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.records import TaskStatus
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.records import TaskRecord, TaskStatus
+from gateway.tasks.registry import Task, TaskRegistry
 from tests.redis_server import fresh_prefix, shared_redis_url
 from tests.test_takeover import ChildUpstream
 from tests.test_task_store import record
@@ -237,15 +237,18 @@ async def test_the_scan_wakes_when_the_earliest_lease_expires_not_a_period_later
     leases = OwnerLeases(b.leases, registry, hosted, Passthrough(registry, ChildUpstream(), config.tasks, metrics))
     scans: list[list[Claim] | float | None] = []
     """What B's ticks found, in order: each scan's claims, then when it would wake for the next."""
-    claim_expired, next_expiry_s = b.leases.claim_expired, b.leases.next_expiry_s
-    claimed = asyncio.Event()
+    claim_expired, next_expiry_s, adopt = b.leases.claim_expired, b.leases.next_expiry_s, registry.adopt
+    adopted: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
 
     async def scanned() -> list[Claim]:
         claims = await claim_expired()
         scans.append(claims)
-        if claims:
-            claimed.set()
         return claims
+
+    def adopting(record: TaskRecord) -> Task:
+        task = adopt(record)
+        adopted.set_result(task)
+        return task
 
     async def next_wake() -> float | None:
         scans.append(await next_expiry_s())
@@ -253,14 +256,15 @@ async def test_the_scan_wakes_when_the_earliest_lease_expires_not_a_period_later
 
     b.leases.claim_expired = scanned  # type: ignore[method-assign]
     b.leases.next_expiry_s = next_wake  # type: ignore[method-assign]
+    registry.adopt = adopting  # type: ignore[method-assign]
     leases.start()
     try:
         async with asyncio.timeout(leases.period_s):  # bounded by the period a fixed tick would wait
-            await claimed.wait()
-            while (await b.tasks.find("t")).status is not TaskStatus.FAILED:  # type: ignore[union-attr]
-                await asyncio.sleep(0.05)
+            task = await adopted
+            await task.done.wait()  # taken over: ended by B
     finally:
         await leases.stop()
+    assert task.status is TaskStatus.FAILED
     first_scan, wake_after_s, claims, *_ = scans
     assert first_scan == [] and claims == [Claim("t", cancel_requested=False)], scans
     assert isinstance(wake_after_s, float) and 0 < wake_after_s <= 0.3 < leases.period_s  # the lease's end
