@@ -503,6 +503,9 @@ class AuthLimits(_Section):
     burst: int = Field(default=100, gt=0)
     failed_lookups_per_min: int = Field(default=60, gt=0)
     max_streams: int = Field(default=100, gt=0)
+    max_sessions: int = Field(default=8, gt=0)
+    """Legacy sessions open at once (each holds an upstream process on stdio): a quarter of the default
+    `[upstream.stdio] max_processes`, so one caller cannot take the pool."""
 
 
 class AuthConfig(_Section):

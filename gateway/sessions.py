@@ -6,6 +6,11 @@ standalone GET stream, `gateway.replay`), and the ids of the server-to-client re
 Sessions idle longer than the configured timeout, with no stream open, are closed by a sweeper; so,
 much sooner, are sessions that made no request after their handshake (`session_handshake_timeout_s`),
 which would otherwise hold an upstream process each for the whole idle timeout.
+
+Fair shares: the registry counts each principal's sessions (`held_by`, for `[auth.limits] max_sessions`,
+counted before any await so the cap holds exactly), and when no upstream process is free for a new
+session or a parked one's next request, the least recently used idle session gives its process back
+(`park`) before the caller is refused.
 """
 
 from __future__ import annotations
@@ -15,16 +20,20 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TypeVar
 
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.replay import SessionStreams
-from gateway.upstream.base import Upstream, UpstreamChannel
+from gateway.upstream.base import Upstream, UpstreamBusy, UpstreamChannel
 
 log = logging.getLogger("gateway.sessions")
+
+T = TypeVar("T")
 
 ResponseRoute = Callable[[Message, Mapping[str, str]], Awaitable[None]]
 """Where the client's response to a relayed server request goes instead of this session's channel."""
@@ -197,24 +206,65 @@ class SessionRegistry:
         self._budget = budget
         self._resume = resume
         self._sessions: dict[str, Session] = {}
+        self._per_owner: Counter[str] = Counter()
+        """Principal -> its sessions, open or being opened (`[auth.limits] max_sessions`)."""
         self._sweeper: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    async def create(self) -> Session:
+    def held_by(self, owner: str) -> int:
+        """How many sessions `owner` holds, counting those being opened."""
+        return self._per_owner[owner]
+
+    async def create(self, owner: str) -> Session:
+        """A new session of `owner`, counted for it before the first await."""
         if len(self._sessions) >= self._max_sessions:
             raise Overloaded(
                 "server.max_sessions",
                 f"the gateway holds its maximum of {self._max_sessions} sessions",
                 "retry later; end sessions you no longer use with DELETE",
             )
-        channel = await self._upstream.open_session()
+        self._per_owner[owner] += 1
+        try:
+            channel = await self.with_process(self._upstream.open_session)
+        except BaseException:
+            self._uncount(owner)
+            raise
         streams = SessionStreams(self._resume, self._budget)
         session = Session(secrets.token_hex(16), channel, self._metrics, streams)
+        session.owner = owner
         self._sessions[session.id] = session
         self._metrics.sessions.set(len(self._sessions))
         return session
+
+    async def resume(self, session: Session) -> None:
+        """Before a request of `session`: its process back if it was parked (see `with_process`)."""
+        await self.with_process(session.channel.resume)
+
+    async def with_process(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt` (which takes an upstream process); while no process is free, the least recently
+        used idle session gives its own back and `attempt` is tried again, until none is left to."""
+        while True:
+            try:
+                return await attempt()
+            except UpstreamBusy:
+                if not await self._park_least_recent():
+                    raise
+
+    async def _park_least_recent(self) -> bool:
+        idle = [session for session in self._sessions.values() if not session.open_streams and session.parkable]
+        for session in sorted(idle, key=lambda session: session.last_seen):
+            if await session.channel.park():
+                log.debug("least recently used session gave its process back", extra={"session": session.id})
+                self._metrics.sessions_parked.inc()
+                return True
+        return False
+
+    def _uncount(self, owner: str) -> None:
+        self._per_owner[owner] -= 1
+        if not self._per_owner[owner]:
+            del self._per_owner[owner]
 
     def get(self, session_id: str) -> Session | None:
         session = self._sessions.get(session_id)
@@ -227,6 +277,7 @@ class SessionRegistry:
         self._metrics.sessions.set(len(self._sessions))
         if session is None:
             return False
+        self._uncount(session.owner)
         await session.close()
         return True
 

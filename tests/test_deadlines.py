@@ -203,9 +203,69 @@ async def test_modern_call_turned_task_fails_at_its_deadline(
         assert task["status"] == "failed" and task["statusMessage"].startswith(TIMEOUT_TEXT), task
         assert_timeout_error({"error": task["error"]})
         await cancelled_upstream(marker)
+        failed = [line for line in gw.output if "task failed" in line and created["taskId"] in line]
+        assert len(failed) == 1 and REQUEST_TIMEOUT in failed[0], gw.output_text()  # one line, with why
         await echo_works(client)
         async with http.get(f"{gw.base}/metrics") as response:
             metrics = await response.text()
     counted = re.search(r'^mcp_gateway_request_timeouts_total\{method="tools/call"\} (\S+)$', metrics, re.MULTILINE)
     assert counted and float(counted.group(1)) >= 1, metrics
+    assert "Traceback" not in gw.output_text(), gw.output_text()
+
+
+# -- right after deadlines: the next calls are served ---------------------------------------------------
+
+SLOW_START_S = 1.5
+"""The upstream reads nothing for this long after it starts (a cold start on a loaded host): longer
+than the deadline, so a deadline that counted a process's start would run out on every fresh process."""
+AFTER_DEADLINES_CONFIG = f"""
+[upstream]
+request_timeout_s = {DEADLINE_S}
+
+[[tasks.tools]]
+match = "*"
+task_support = "optional"
+modern = "after_ms"
+after_ms = 300
+"""
+LOOPS, ECHOES = 10, 20
+
+
+async def echo_succeeds(client: Client, text: str) -> None:
+    """An echo answers `text`: at once, or (2026-07-28, past after_ms) as a task that completes with it."""
+    result = await client.result("tools/call", {"name": "echo", "arguments": {"text": text}})
+    if result.get("resultType") == "task":
+        task = (await poll(client, result["taskId"], lambda task: task["status"] != "working"))[-1]
+        assert task["status"] == "completed", task
+        result = task["result"]
+    assert result["content"][0]["text"] == text, result
+
+
+@MODULE_LOOP
+async def test_after_four_deadlines_twenty_echoes_succeed_in_both_eras_ten_times(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Four calls (two per era) run into `[upstream] request_timeout_s` on a slow-starting stdio
+    upstream, then 20 echoes in each era all succeed; ten times. The pooled processes the timed-out
+    calls leave are recycled off the request path, a warm one takes their place, and a fresh process's
+    start does not count against the deadline of the request that waits for it."""
+    server = [*SERVER, "--start-delay", str(SLOW_START_S)]
+    async with start_gateway(upstream_cmd=server, config_text=AFTER_DEADLINES_CONFIG) as gw:
+        async with asyncio.timeout(LOOPS * 30):
+            legacy = Client(http, gw.url, LEGACY)
+            await legacy.initialize()
+            modern = Client(http, gw.url, MODERN)
+            for loop in range(LOOPS):
+                marker = tmp_path / f"marker-{loop}"
+                timed_out = await asyncio.gather(
+                    legacy.request("tools/call", never_answers(marker)),
+                    legacy.request("tools/call", never_answers(marker)),
+                    Client(http, gw.url, MODERN, tasks=False).request("tools/call", never_answers(marker)),
+                    Client(http, gw.url, MODERN, tasks=False).request("tools/call", never_answers(marker)),
+                )
+                for reply in timed_out:
+                    assert reply.final["error"]["data"]["reason"] == REQUEST_TIMEOUT, reply.final
+                for i in range(ECHOES):
+                    await echo_succeeds(modern, f"modern {loop}.{i}")
+                    await echo_succeeds(legacy, f"legacy {loop}.{i}")
     assert "Traceback" not in gw.output_text(), gw.output_text()

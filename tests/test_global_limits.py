@@ -146,15 +146,23 @@ async def test_process_ceiling_answers_503_in_both_eras_and_resumes(http: aiohtt
         start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config(stdio=stdio)) as gw,
     ):
         sessions = [Client(http, gw.url) for _ in range(2)]
+        streams = []  # an open GET stream keeps a session busy: none is idle enough to give way
         for session in sessions:
             await session.initialize()
             assert "result" in (await echo(session)).final
-        assert_overloaded(await bare_initialize(Client(http, gw.url)), "upstream.stdio.max_processes")
-        modern = Client(http, gw.url, MODERN)
-        assert_overloaded(await echo(modern), "upstream.stdio.max_processes")
-        assert await metric(gw, http, 'mcp_gateway_rejected_total{limit="upstream.stdio.max_processes"}') == 2
-        assert await sessions[0].delete() == 200
-        assert "result" in (await echo(modern)).final
+            headers = {"Accept": "text/event-stream", "Mcp-Session-Id": str(session.session_id)}
+            streams.append(await http.get(gw.url, headers=headers))
+        try:
+            assert_overloaded(await bare_initialize(Client(http, gw.url)), "upstream.stdio.max_processes")
+            modern = Client(http, gw.url, MODERN)
+            assert_overloaded(await echo(modern), "upstream.stdio.max_processes")
+            assert await metric(gw, http, 'mcp_gateway_rejected_total{limit="upstream.stdio.max_processes"}') == 2
+            streams.pop(0).close()
+            assert await sessions[0].delete() == 200
+            assert "result" in (await echo(modern)).final
+        finally:
+            for stream in streams:
+                stream.close()
 
 
 @ASYNC

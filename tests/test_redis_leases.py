@@ -23,8 +23,8 @@ from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.lease_store import Claim, Renewal
 from gateway.tasks.leases import OwnerLeases
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.records import TaskStatus
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.records import TaskRecord, TaskStatus
+from gateway.tasks.registry import Task, TaskRegistry
 from tests.redis_server import fresh_prefix, shared_redis_url
 from tests.test_takeover import ChildUpstream
 from tests.test_task_store import record
@@ -215,3 +215,56 @@ async def test_a_tick_while_a_task_is_created_keeps_its_lease(replicas: tuple[Re
     assert a.leases.leased() == [task.id] and a.backend.held[task.id] == 0  # renewed, not released
     lease = await a.backend.client.hget(a.backend.keys.task(task.id)[0], "lease")
     assert await a.backend.client.zscore(a.backend.keys.leases, task.id) == int(lease)  # what scans find
+
+
+async def test_the_scan_wakes_when_the_earliest_lease_expires_not_a_period_later(
+    replicas: tuple[Replica, Replica],
+) -> None:
+    """B ticks every TTL/3 (20 s here). A stops renewing a task whose lease ends 0.3 s from now: B's
+    first scan finds nothing expired and sets its next wake-up at that lease's end, not a period on; the
+    scan it wakes claims the task, and B takes it over (`failed`, owner lost)."""
+    a, b = replicas
+    await a.create("t")
+    seconds, micros = await a.backend.client.time()
+    ends_ms = int(seconds) * 1000 + int(micros) // 1000 + 300
+    await a.backend.client.hset(a.backend.keys.task("t")[0], "lease", ends_ms)
+    await a.backend.client.zadd(a.backend.keys.leases, {"t": ends_ms})
+
+    config, metrics = Config(), Metrics()
+    capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    registry = TaskRegistry(config.tasks, config.retention, b.tasks, b.log, capture, metrics)
+    hosted = HostedTasks(registry, config.tasks, config.retention, True)
+    leases = OwnerLeases(b.leases, registry, hosted, Passthrough(registry, ChildUpstream(), config.tasks, metrics))
+    scans: list[list[Claim] | float | None] = []
+    """What B's ticks found, in order: each scan's claims, then when it would wake for the next."""
+    claim_expired, next_expiry_s, adopt = b.leases.claim_expired, b.leases.next_expiry_s, registry.adopt
+    adopted: asyncio.Future[Task] = asyncio.get_running_loop().create_future()
+
+    async def scanned() -> list[Claim]:
+        claims = await claim_expired()
+        scans.append(claims)
+        return claims
+
+    def adopting(record: TaskRecord) -> Task:
+        task = adopt(record)
+        adopted.set_result(task)
+        return task
+
+    async def next_wake() -> float | None:
+        scans.append(await next_expiry_s())
+        return scans[-1]  # type: ignore[return-value]
+
+    b.leases.claim_expired = scanned  # type: ignore[method-assign]
+    b.leases.next_expiry_s = next_wake  # type: ignore[method-assign]
+    registry.adopt = adopting  # type: ignore[method-assign]
+    leases.start()
+    try:
+        async with asyncio.timeout(leases.period_s):  # bounded by the period a fixed tick would wait
+            task = await adopted
+            await task.done.wait()  # taken over: ended by B
+    finally:
+        await leases.stop()
+    assert task.status is TaskStatus.FAILED
+    first_scan, wake_after_s, claims, *_ = scans
+    assert first_scan == [] and claims == [Claim("t", cancel_requested=False)], scans
+    assert isinstance(wake_after_s, float) and 0 < wake_after_s <= 0.3 < leases.period_s  # the lease's end

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -326,6 +327,37 @@ async def test_records_known_since_their_last_write_are_read_without_a_reader_th
         expected = replace(record("t2"), expires_at=4_000_000_000.0)
         assert await tasks.get("alice", "t2") == expected and reads == [1]
         assert await tasks.get("alice", "t2") == expected and reads == [1]
+    finally:
+        await close(tasks, log)
+
+
+async def test_unknown_ids_are_answered_from_memory_as_known_ones_are(tmp_path: Path) -> None:
+    """An unknown id never costs a trip to a reader thread (the in-memory index covers every id in the
+    file), so the time of an answer does not tell whether an id exists; creates and expiries keep the
+    index, also those committed while it was being read, and after a restart it holds the file's ids."""
+    path = tmp_path / "gateway.db"
+    tasks, log = open_stores(path, Clock(1000.0))
+    try:
+        reads = counting_reads(tasks)
+        await tasks.create(record("before"))
+        lookup = asyncio.ensure_future(tasks.get("alice", "nobody"))
+        await asyncio.sleep(0)  # the index is being read: a create in the same batch, after it
+        created = asyncio.ensure_future(tasks.create(replace(record("during"), expires_at=4_000_000_000.0)))
+        assert await lookup is None
+        await created
+        assert await tasks.get("alice", "during") is not None
+        for _ in range(50):
+            assert await tasks.get("alice", secrets.token_hex(16)) is None
+        assert await tasks.expire(3_000_000_000.0) == [record("before")]
+        assert await tasks.get("alice", "before") is None
+        assert reads == [0]
+    finally:
+        await close(tasks, log)
+    tasks, log = open_stores(path, Clock(1000.0))  # a restart: the index is the file's
+    try:
+        reads = counting_reads(tasks)
+        assert await tasks.get("alice", "unknown") is None and reads == [0]
+        assert await tasks.get("alice", "during") is not None and reads == [1]  # its record, read once
     finally:
         await close(tasks, log)
 

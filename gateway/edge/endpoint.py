@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -218,7 +218,7 @@ class McpEndpoint:
 
         async def session_channel() -> UpstreamChannel:
             self._budget.admit(message["id"])
-            await session.channel.resume()  # a parked session takes a process back (or gets 503)
+            await self._sessions.resume(session)  # a parked session takes a process back (or gets 503)
             return session.channel
 
         call = TaskCall(message, era, headers, session, session_channel, owner=principal.owner)
@@ -229,11 +229,13 @@ class McpEndpoint:
         self, request: web.Request, era: Era, message: Message, headers: dict[str, str], principal: Principal
     ) -> web.StreamResponse:
         try:
-            session = await self._sessions.create()
-        except Overloaded as error:
+            if self._limits is not None:
+                held = self._sessions.held_by(principal.owner)
+                self._limits.check_sessions(principal.owner, held, self._config.retry_after_s)
+            session = await self._sessions.create(principal.owner)
+        except (Overloaded, RateLimited) as error:
             error.request_id = message["id"]
             raise
-        session.owner = principal.owner
         with session.serving():  # the handshake timeout runs once initialize has been answered
             exchange = await session.channel.request(message, headers)
             try:
@@ -316,17 +318,24 @@ class McpEndpoint:
     async def _dispatch(self, request: web.Request, call: TaskCall, principal: Principal) -> web.StreamResponse:
         limits = self._limits
         names_task = call.method.startswith("tasks/") and "taskId" in jsonrpc.params_of(call.message)
+        reserved: Callable[[], None] | None = None
+        """Gives back the failed lookup taken before the task is looked up, unless it is not found."""
+        no_such_task = False
         try:
             with contextlib.ExitStack() as held:
                 if limits is not None and names_task:
-                    limits.check_lookups(call.owner)
+                    reserved = limits.reserve_lookup(call.owner)
                 if limits is not None and call.method == "tasks/stream":
                     held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
-                return await self._carry_out(request, call, await self._service.plan(call), principal)
+                plan = await self._service.plan(call)
+                if reserved is not None:
+                    reserved()  # found: a stream or a wait that follows must not hold the budget
+                    reserved = None
+                return await self._carry_out(request, call, plan, principal)
         except ProtocolError as error:
             # An unknown (or another principal's) task id: a failed lookup for `[auth.limits]`.
             no_such_task = names_task and error.message == UNKNOWN_TASK_MESSAGE
-            if limits is not None and no_such_task:
+            if limits is not None and no_such_task and reserved is None:
                 limits.lookup_failed(call.owner)
             if error.request_id is None:
                 error.request_id = call.message["id"]
@@ -337,6 +346,8 @@ class McpEndpoint:
                 self._rejections.refused(error, request.remote, call.owner, call.message, response.status)
             return response
         finally:
+            if reserved is not None and not no_such_task:
+                reserved()
             if not call.resources_kept:
                 await call.resources.aclose()
 

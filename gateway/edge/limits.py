@@ -1,11 +1,14 @@
 """Per-principal limits (`[auth.limits]`): a request rate, a budget of failed task lookups, concurrent
-streams; and each principal's rate of calls per tool (`requests_per_s`/`burst` of `[[auth.rules]]`).
+streams, legacy sessions (counted by `gateway.sessions.SessionRegistry`); and each principal's rate of
+calls per tool (`requests_per_s`/`burst` of `[[auth.rules]]`).
 
 Each is kept per principal (the keyed hash), so one caller cannot use up another's share, and
 re-initializing a session resets nothing. Over a limit the edge answers HTTP 429 with `Retry-After`
 before anything reaches the task service or the upstream. A lookup of an unknown task id and of
 another principal's task cost the same budget: they are the same answer. Rate buckets are kept in
-bounded tables: a bucket idle long enough to be full again is forgotten.
+bounded tables: a bucket idle long enough to be full again is forgotten. What a limit counts is
+taken before any await (a lookup is given back once the task is found), so limits hold exactly
+however many requests run at once.
 
 Only enforced with authentication on: with mode = "none" every caller is one principal, whose
 limits would be the whole gateway's (the global ceilings of `[server]`/`[tasks]` are those).
@@ -124,16 +127,29 @@ class PrincipalLimits:
                 math.ceil(wait),
             )
 
-    def check_lookups(self, owner: str) -> None:
-        """Before a request that names a task: RateLimited once `owner` used its failed-lookup budget."""
+    def reserve_lookup(self, owner: str) -> Callable[[], None]:
+        """Before a request that names a task: one of `owner`'s failed lookups, taken now (before any
+        await, so that concurrent lookups cannot all pass the check), or RateLimited once the budget is
+        used. The returned function gives it back, once, when the task was found."""
         lookups = self._window(owner)
         if lookups.failed >= self._config.failed_lookups_per_min:
             wait = math.ceil(lookups.window_start + LOOKUP_WINDOW_S - self._clock())
             raise RateLimited(
                 "lookup_budget", "auth.limits.failed_lookups_per_min", "too many unknown task ids", max(wait, 1)
             )
+        lookups.failed += 1
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:  # to the window it was taken from: a new window owes nothing
+                given_back = True
+                lookups.failed -= 1
+
+        return give_back
 
     def lookup_failed(self, owner: str) -> None:
+        """A failed lookup with none reserved (found at first, gone by the time it was answered)."""
         self._window(owner).failed += 1
 
     def _window(self, owner: str) -> _Lookups:
@@ -144,6 +160,16 @@ class PrincipalLimits:
                 self._lookups = {k: v for k, v in self._lookups.items() if now - v.window_start < LOOKUP_WINDOW_S}
             lookups = self._lookups[owner] = _Lookups(now)
         return lookups
+
+    def check_sessions(self, owner: str, held: int, retry_after_s: int) -> None:
+        """Before `owner` opens a legacy session, holding `held`: RateLimited at `max_sessions`."""
+        if held >= self._config.max_sessions:
+            raise RateLimited(
+                "max_sessions",
+                "auth.limits.max_sessions",
+                "this caller has its maximum of legacy sessions; end those it no longer uses with DELETE",
+                retry_after_s,
+            )
 
     @contextlib.contextmanager
     def stream(self, owner: str, retry_after_s: int) -> Iterator[None]:

@@ -100,10 +100,20 @@ class RedisLeases(LeaseStore):
     def forget(self, task_id: str) -> None:
         self._leased.discard(task_id)
 
+    async def _now_ms(self) -> int:
+        seconds, micros = await self._client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def next_expiry_s(self) -> float | None:
+        now_ms = await self._now_ms()
+        earliest = await self._client.zrangebyscore(
+            self._backend.keys.leases, f"({now_ms}", "+inf", start=0, num=1, withscores=True
+        )
+        return (earliest[0][1] - now_ms) / 1000 if earliest else None
+
     async def claim_expired(self) -> list[Claim]:
         keys = self._backend.keys
-        seconds, micros = await self._client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = await self._now_ms()
         members = await self._client.zrangebyscore(keys.leases, "-inf", now_ms, start=0, num=SCAN_BATCH)
         claims: list[Claim] = []
         for member in members:

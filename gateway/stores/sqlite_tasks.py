@@ -8,11 +8,14 @@ are atomic because one writer runs them all (`gateway.stores.sqlite`).
 
 Records are also kept in memory as the last committed write left them (this process is the file's
 only writer), so `get` of a known task (every tasks/get, tasks/stream and tasks/result) costs no trip
-to a reader thread; a record not known yet is read once.
+to a reader thread; a record not known yet is read once. Every id in the file is known too (read once,
+on the writer, at the first lookup; then kept by the commits), so an unknown id is answered from
+memory as a known one is: how long a lookup takes tells nothing of whether the id exists.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 
@@ -41,6 +44,9 @@ class SqliteTaskStore(TaskStore):
         self._db = database.acquire()
         self._known: Committed[TaskRecord] = Committed()
         """Records as last committed here (this process is the file's only writer)."""
+        self._ids: set[str] | None = None
+        """Every task id in the file, once read (`_every_id`); creates and expiries keep it."""
+        self._reading_ids: asyncio.Future[set[str]] | None = None
 
     async def create(self, record: TaskRecord) -> None:
         def insert(connection: sqlite3.Connection) -> None:
@@ -59,7 +65,32 @@ class SqliteTaskStore(TaskStore):
             if inserted.rowcount == 0:
                 raise TaskExists(f"a task with id {record.id!r} exists")
 
-        await self._db.submit(insert, lambda _: self._known.committed(record.id, record))
+        def committed(_: None) -> None:
+            self._known.committed(record.id, record)
+            if self._ids is not None:
+                self._ids.add(record.id)
+
+        await self._db.submit(insert, committed)
+
+    async def _every_id(self) -> set[str]:
+        """Every task id in the file. Read once on the writer, in order with the writes: the commits
+        after it (whose hooks run after its own) keep it."""
+        if self._ids is not None:
+            return self._ids
+        if self._reading_ids is None:
+
+            def select(connection: sqlite3.Connection) -> set[str]:
+                return {row[0] for row in connection.execute("SELECT id FROM tasks")}
+
+            def read(ids: set[str]) -> None:
+                self._ids = ids
+
+            self._reading_ids = self._db.submit(select, read)
+        try:
+            return await asyncio.shield(self._reading_ids)
+        except Exception:
+            self._reading_ids = None  # a failed read is tried again by the next lookup
+            raise
 
     async def get(self, owner: str, task_id: str) -> TaskRecord | None:
         record = await self.find(task_id)
@@ -69,6 +100,8 @@ class SqliteTaskStore(TaskStore):
         known = self._known.get(task_id)
         if known is not None:
             return known
+        if task_id not in await self._every_id():
+            return None  # from memory, as a known record is: no trip to a reader thread
 
         def select(connection: sqlite3.Connection) -> TaskRecord | None:
             row = connection.execute(f"SELECT {_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
@@ -205,6 +238,8 @@ class SqliteTaskStore(TaskStore):
         def committed(expired: list[TaskRecord]) -> None:
             for record in expired:
                 self._known.committed(record.id, None)
+                if self._ids is not None:
+                    self._ids.discard(record.id)
 
         return await self._db.submit(delete, committed)
 

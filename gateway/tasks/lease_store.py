@@ -68,6 +68,11 @@ class LeaseStore(ABC):
         """Claim the unfinished tasks of other replicas whose leases have expired (never by idle time)."""
 
     @abstractmethod
+    async def next_expiry_s(self) -> float | None:
+        """Seconds until the earliest lease not yet expired expires, by the store's clock (None: no
+        lease): when the next `claim_expired` may find something, if its owner stops renewing it."""
+
+    @abstractmethod
     async def request_cancel(self, task_id: str) -> bool:
         """Record a cancel for the replica running the task and tell it; False if the task has ended."""
 

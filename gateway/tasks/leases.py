@@ -2,7 +2,9 @@
 replicas whose leases expired, carry out the requests other replicas recorded for this one, and stop
 working on a task another replica took over.
 
-Every `ttl_s / 3` (and at once when another replica records a request for this one) a tick:
+Every `ttl_s / 3`, at once when another replica records a request for this one, and as soon as the
+earliest lease of the store expires (so that a dead owner's task is taken over when its lease ends,
+not up to a period later), a tick:
 
 - releases the leases of tasks that ended here, and renews the rest (compare-and-set on replica and
   epoch, one round trip for all); a renewal also reports a cancel or input answers waiting, which go
@@ -35,6 +37,10 @@ __all__ = ["OwnerLeases"]
 
 log = logging.getLogger("gateway.tasks.leases")
 
+EXPIRY_SLACK_S = 0.02
+"""Past the earliest lease's expiry before the scan it wakes: a timer may fire a little early, and the
+store's clock must see the lease expired. Also the least wait between ticks."""
+
 
 class OwnerLeases:
     def __init__(
@@ -45,6 +51,8 @@ class OwnerLeases:
         self._hosted = hosted
         self._passthrough = passthrough
         self._runner: asyncio.Task[None] | None = None
+        self._next_expiry_s: float | None = None
+        """Seconds from the last tick's scan until the earliest lease then live expires (None: none)."""
         self._background: set[asyncio.Future[None]] = set()
         """Takeovers in progress, and local runs of tasks another replica took over being stopped: off
         the tick, so that a slow one (an upstream to rejoin) never delays the renewals."""
@@ -61,13 +69,20 @@ class OwnerLeases:
         async with self._store.requests() as next_request:
             while True:
                 signal = next_request()  # taken before the tick: a request during it wakes the next one
+                self._next_expiry_s = None
                 try:
                     await self.tick()
                 except Exception as error:  # the store is unreachable: try again next period
                     log.warning("owner leases: a tick failed", extra={"error": repr(error)})
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.period_s):
+                    async with asyncio.timeout(self.wait_s()):
                         await signal.wait()
+
+    def wait_s(self) -> float:
+        """Until the next tick: a period, or less when a lease expires sooner (see `_next_expiry_s`)."""
+        if self._next_expiry_s is None:
+            return self.period_s
+        return min(self.period_s, self._next_expiry_s + EXPIRY_SLACK_S)
 
     async def tick(self) -> None:
         """Release, renew, carry out requests, then take over what expired."""
@@ -86,6 +101,7 @@ class OwnerLeases:
                 continue
             # Adopted here, in the tick: the next tick renews it (a task it cannot find is released).
             self._spawn(self._take_over(self._registry.adopt(record), claim.cancel_requested))
+        self._next_expiry_s = await self._store.next_expiry_s()
 
     async def _carry_out(self, task_id: str, renewal: Renewal) -> None:
         """The requests another replica recorded for a task this one runs, the local way."""

@@ -156,6 +156,17 @@ class Task(RecordView):
         return self.input_round.outstanding if self.input_round is not None else {}
 
 
+def failure_reason(outcome: Message | None) -> str:
+    """A failed task's reason for the log: its error's `data.reason` (e.g. "request_timeout",
+    "owner_lost"), else "error" for an error outcome, "tool_error" for a result (isError)."""
+    error = outcome.get("error") if outcome is not None else None
+    if not isinstance(error, dict):
+        return "tool_error" if outcome is not None and "result" in outcome else "error"
+    data = error.get("data")
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return reason if isinstance(reason, str) else "error"
+
+
 class TaskLimitReached(Exception):
     """No task can be created: the caller holds `max_tasks_per_owner`, or (`total`) the gateway holds
     `max_tasks_total`."""
@@ -237,12 +248,17 @@ class TaskRegistry:
             expires_at=time.time() + ttl / 1000,
             upstream=upstream,
         )
-        await self.store.create(record)
+        # Counted before the first await, so that concurrent creations cannot all pass `check_room`.
+        self._count(record)
+        try:
+            await self.store.create(record)
+        except BaseException:
+            self._uncount(record.id)
+            raise
         # Known here before the next await: a shared store leases the task as `create` returns, and a
         # lease tick releases the leases of tasks the registry does not know.
         task = Task(record)
         self._tasks[task.id] = task
-        self._count(record)
         await self.log.create(task.id)
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
         lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
@@ -382,6 +398,8 @@ class TaskRegistry:
         if record is None:
             return False  # another writer changed the status first
         task.record = record
+        if status is TaskStatus.FAILED:  # one line per failed task, with why (the status message says it too)
+            log.warning("task failed", extra={"task": task.id, "reason": failure_reason(outcome), "detail": message})
         evicted: list[tuple[str, int]] = []
         if summary is not None:  # terminal
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive

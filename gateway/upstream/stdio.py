@@ -16,6 +16,14 @@ the upstream's failure listeners (readiness); the gateway itself keeps running. 
 process group of its own, and stopping it stops the whole group (`end_process_group`), so the server a
 wrapper such as `npx` started does not outlive it.
 
+A fresh process is warmed up before its first request: a `ping` (which the MCP spec allows before the
+handshake), answered or not within `acquire_timeout_s`. A request's deadline then runs from when the
+process reads, not from its spawn: a cold start can take seconds on a loaded host, and a deadline that
+ran out during it would recycle the process and leave the next request a cold one again. A pooled
+process that cannot serve again (a request on it was cancelled, e.g. at its deadline) is stopped in
+the background, and, while fewer than `idle_processes` are idle, a warm one is started in its place,
+so neither the cancelled request's answer nor the next request waits for a process to stop or start.
+
 Stdout is read with a small read-ahead (`READ_AHEAD_BYTES`), whatever `line_limit_bytes` is; a longer
 line is assembled from pieces (`next_line`). A line longer than `line_limit_bytes` is skipped without
 being held: a response whose id its head or tail shows fails its request alone
@@ -30,7 +38,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +50,8 @@ from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
-from gateway.protocol.dialect import TASK_EVENT
+from gateway.protocol.dialect import TASK_EVENT, dialect_of
+from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
@@ -74,6 +83,9 @@ READ_AHEAD_BYTES = 256 * 1024
 backpressure) holds that much unread: with the limit at `line_limit_bytes` (64 MiB) that was 128 MiB
 per process. So it is small and independent of the line limit; a longer line is assembled from pieces
 (`next_line`)."""
+
+WARM_UP_ID = "gateway-warm-up"
+"""The client id of the `ping` that warms up a fresh process (`StdioProcess.warm_up`); never a client's."""
 
 RESPONSE_TOO_LARGE = "response_too_large"
 """`data.reason` of the error a request gets when its response is longer than `line_limit_bytes`."""
@@ -327,6 +339,25 @@ class StdioProcess:
 
     def _not_running(self) -> str:
         return self.exit_cause or "upstream process is not running"
+
+    async def warm_up(self, era: Era, wait_s: float) -> None:
+        """Wait until the process answers a `ping` of `era` (any answer: it is reading), at most `wait_s`.
+        The first message fixes a process's era in the SDK: a pooled process's is 2026-07-28. No
+        deadline and no cancel: a late answer goes nowhere and marks nothing abandoned."""
+        if not self.alive:
+            return
+        upstream_id = next(self._ids)
+        exchange = Exchange(WARM_UP_ID, "ping", self._budget)
+        self._routes[upstream_id] = _Route(exchange, WARM_UP_ID, None)
+        ping, _ = dialect_of(era).gateway_request(upstream_id, "ping", {})
+        try:
+            if await self._write(ping):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await exchange.collect()
+        finally:
+            self._forget(upstream_id)
+            exchange.detach()
 
     async def notify(self, message: Message) -> None:
         if message.get("method") == "notifications/cancelled":
@@ -591,6 +622,9 @@ class StdioChannel(UpstreamChannel):
             process.unsolicited = self._unsolicited
             process.channel = self
             await process.start()
+            # A session's (and the readiness probe's) conversation is a handshake one; the pool's are not.
+            era = Era.LEGACY if self.session or self._probe else Era.MODERN
+            await process.warm_up(era, self._upstream.acquire_timeout_s)
             self._process = process
             await self._replay_handshake(process)
             return process
@@ -674,6 +708,8 @@ class StdioUpstream(Upstream):
         self._idle: list[StdioChannel] = []
         self._channels: set[StdioChannel] = set()
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
+        self._background: set[asyncio.Task[None]] = set()
+        """Recycled processes being stopped and replacements being started (`_settle`)."""
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
@@ -801,8 +837,25 @@ class StdioUpstream(Upstream):
         if channel.reusable and (pinned or len(self._idle) < self._config.idle_processes):
             if channel not in self._idle:
                 self._idle.append(channel)
-        else:
-            await channel.close()
+            return
+        # Off the request's path: stopping a process can take shutdown_timeout_s, twice.
+        self._in_background(channel.close())
+        if not channel.reusable and len(self._idle) < self._config.idle_processes:
+            self._in_background(self._add_idle())
+
+    async def _add_idle(self) -> None:
+        """One more warm idle process for the pool, if a slot is free at once."""
+        try:
+            channel = await self._new_channel(0)
+        except UpstreamBusy:
+            return
+        self._idle.append(channel)  # a request may take it while it warms up: it waits for that
+        await channel.ensure_started()
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:
         # The SDK signs requestState with a per-process key: only the issuing process accepts it.
@@ -810,6 +863,9 @@ class StdioUpstream(Upstream):
             self._pinned[affinity] = channel
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         channels = list(self._channels)
         self._idle.clear()
         await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)

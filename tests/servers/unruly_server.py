@@ -3,9 +3,10 @@ for its deadline and line-limit tests.
 
 Usage::
 
-    python tests/servers/unruly_server.py [--http PORT]
+    python tests/servers/unruly_server.py [--http PORT] [--start-delay SECONDS]
 
 stdio without ``--http``; otherwise Streamable HTTP on ``http://127.0.0.1:PORT/mcp`` (SDK defaults).
+``--start-delay`` makes it read nothing for that long after it starts: a cold start on a loaded host.
 
 Tools:
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -105,7 +107,9 @@ async def pid() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, metavar="PORT", help="serve Streamable HTTP on this port")
+    parser.add_argument("--start-delay", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args()
+    time.sleep(args.start_delay)
     if args.http:
         mcp.run("streamable-http", host="127.0.0.1", port=args.http)
     else:
