@@ -24,6 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,46 +48,68 @@ def running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to see make's descendants")
-@pytest.mark.parametrize("stop", ["sigterm-to-make", "ctrl-c"])
-def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
+@dataclass
+class MakeRun:
+    """`make run` started by `make_run`: the make process, its log, and the processes it had started once
+    the gateway was healthy."""
+
+    make: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: set[int]
+
+    def healthz(self) -> int | None:
+        """The status of the gateway's /healthz, or None when nothing answers."""
+        return http_status(f"http://127.0.0.1:{self.port}/healthz")
+
+
+@contextlib.contextmanager
+def make_run(tmp_path: Path, env: dict[str, str]) -> Iterator[MakeRun]:
+    """`make run` on a free port, in a process group of its own, once its gateway answers /healthz; at
+    the end every process it started is killed (a test that stops it itself finds nothing left)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPATH")}
     log = tmp_path / "make-run.log"
     with log.open("wb") as out:
         make = subprocess.Popen(
             ["make", "--no-print-directory", "run", f"ARGS=--listen 127.0.0.1:{port}", f"PYTHON={BIN / 'python'}"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    started: set[int] = set()
+    run = MakeRun(make, port, log, set())
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while http_status(f"http://127.0.0.1:{port}/healthz") != 200:
             assert make.poll() is None, f"make run exited with {make.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"no healthy gateway on port {port}:\n{log.read_text()}"
             time.sleep(0.2)
-        started = descendants(make.pid)
-        assert started, "make has no child processes"
-        assert "recreating" not in log.read_text(), "the Makefile must keep the running venv"
-
-        if stop == "sigterm-to-make":
-            os.kill(make.pid, signal.SIGTERM)  # make's pid only, as `kill PID` does
-        else:
-            os.killpg(make.pid, signal.SIGINT)  # what Ctrl-C does: the foreground process group
-        make.wait(timeout=STOP_TIMEOUT)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while left := {pid for pid in started if running(pid)}:
-            assert time.monotonic() < deadline, (
-                f"still running {STOP_TIMEOUT} s after make stopped: {sorted(left)}\n{log.read_text()}"
-            )
-            time.sleep(0.1)
-        assert http_status(f"http://127.0.0.1:{port}/healthz") != 200
+        run.started = descendants(make.pid)
+        assert run.started, "make has no child processes"
+        yield run
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(make.pid, signal.SIGKILL)
-        kill_all(started)
+        kill_all(run.started)
         with contextlib.suppress(subprocess.TimeoutExpired):
             make.wait(timeout=5)
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to see make's descendants")
+@pytest.mark.parametrize("stop", ["sigterm-to-make", "ctrl-c"])
+def test_stopping_make_run_stops_the_gateway(stop: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPATH")}
+    with make_run(tmp_path, env) as run:
+        assert "recreating" not in run.log.read_text(), "the Makefile must keep the running venv"
+        if stop == "sigterm-to-make":
+            os.kill(run.make.pid, signal.SIGTERM)  # make's pid only, as `kill PID` does
+        else:
+            os.killpg(run.make.pid, signal.SIGINT)  # what Ctrl-C does: the foreground process group
+        run.make.wait(timeout=STOP_TIMEOUT)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while left := {pid for pid in run.started if running(pid)}:
+            assert time.monotonic() < deadline, (
+                f"still running {STOP_TIMEOUT} s after make stopped: {sorted(left)}\n{run.log.read_text()}"
+            )
+            time.sleep(0.1)
+        assert run.healthz() != 200
 
 
 CONFORMANCE_TIMEOUT = 150.0
@@ -96,25 +120,10 @@ CONFORMANCE_TIMEOUT = 150.0
 def test_make_conformance_runs_beside_make_run_in_the_same_checkout(tmp_path: Path) -> None:
     """The README's tour: `make run` holds data/gateway.db, and `make conformance` (what CI runs) passes
     beside it with a data folder of its own, while the first gateway goes on serving."""
-    port = free_port()
     # PYTHONPATH stays: both gateways then run this checkout's code, as pytest imports it.
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MCP_GATEWAY_DATA_DIR")}
-    log = tmp_path / "make-run.log"
-    with log.open("wb") as out:
-        make = subprocess.Popen(
-            ["make", "--no-print-directory", "run", f"ARGS=--listen 127.0.0.1:{port}", f"PYTHON={BIN / 'python'}"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while http_status(f"http://127.0.0.1:{port}/healthz") != 200:
-            assert make.poll() is None, f"make run exited with {make.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"no healthy gateway on port {port}:\n{log.read_text()}"
-            time.sleep(0.2)
-        started = descendants(make.pid)
-        assert f'"store":"sqlite {ROOT / "data" / "gateway.db"}"' in log.read_text(), log.read_text()
-
+    with make_run(tmp_path, env) as run:
+        assert f'"store":"sqlite {ROOT / "data" / "gateway.db"}"' in run.log.read_text(), run.log.read_text()
         done = subprocess.run(
             ["make", "--no-print-directory", "conformance", f"PYTHON={BIN / 'python'}"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=CONFORMANCE_TIMEOUT,
@@ -122,16 +131,8 @@ def test_make_conformance_runs_beside_make_run_in_the_same_checkout(tmp_path: Pa
         gateway_log = ROOT / "reports" / "conformance-gateway.log"
         assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{gateway_log.read_text(errors='replace')}"
         assert " 0 failed" in done.stdout, done.stdout
-        assert http_status(f"http://127.0.0.1:{port}/healthz") == 200, log.read_text()
-        assert make.poll() is None, log.read_text()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(make.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            make.wait(timeout=STOP_TIMEOUT)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(make.pid, signal.SIGKILL)
-        kill_all(started)
+        assert run.healthz() == 200, run.log.read_text()
+        assert run.make.poll() is None, run.log.read_text()
 
 
 # -- which interpreter made .venv ------------------------------------------------------------------------
