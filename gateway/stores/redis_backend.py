@@ -317,7 +317,6 @@ def _pool(url: str, max_connections: int, timeout_s: float) -> aioredis.Blocking
         max_connections=max_connections,
         socket_connect_timeout=timeout_s,
         socket_timeout=timeout_s,
-        timeout=timeout_s,  # the wait for a pooled connection
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES, supported_errors=(RedisConnectionError,)),
     )
 
