@@ -163,9 +163,9 @@ class SqliteDatabase:
             if mode != "wal":
                 raise StoreUnavailable(f"the SQLite store {where} cannot use WAL (journal mode {mode!r})")
             connection.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-            problems = [row[0] for row in connection.execute("PRAGMA quick_check").fetchmany(3)]
-            if problems != ["ok"]:
-                raise StoreUnavailable(f"the SQLite store {where} is corrupt: {'; '.join(problems)}")
+            (verdict,) = connection.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict != "ok":  # one line of what SQLite found first (a verdict may hold several)
+                raise StoreUnavailable(f"the SQLite store {where} is corrupt: {str(verdict).splitlines()[0]}")
             version = connection.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreUnavailable(
