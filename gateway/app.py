@@ -37,7 +37,7 @@ from gateway.events.log import EventLog, MemoryEventLog
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.metrics_listener import metrics_listener
 from gateway.protocol import jsonrpc
-from gateway.readiness import Readiness, upstream_name
+from gateway.readiness import Readiness, StoreHealth, upstream_name
 from gateway.sessions import SessionRegistry
 from gateway.stores.memory import MemoryTaskStore
 from gateway.stores.sqlite import SqliteDatabase
@@ -108,9 +108,9 @@ class Stores:
         await self.tasks.close()
 
 
-def build_stores(config: Config) -> Stores:
+def build_stores(config: Config, metrics: Metrics | None = None) -> Stores:
     """The stores `[store] kind` names: the one place that knows the kinds. StoreUnavailable when
-    a durable store cannot be opened."""
+    a durable store cannot be opened. `metrics` count what the stores find (a Redis data set reset)."""
     retention = config.retention
     kind = config.store.kind
     cap = outcome_cap(retention)
@@ -134,7 +134,13 @@ def build_stores(config: Config) -> Stores:
         from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore
         from gateway.stores.redis_leases import RedisLeases
 
-        backend = RedisBackend(config.store.url, config.store.key_prefix, lease_ttl_s=config.store.lease_ttl_s)
+        backend = RedisBackend(
+            config.store.url,
+            config.store.key_prefix,
+            lease_ttl_s=config.store.lease_ttl_s,
+            timeout_s=config.store.timeout_s,
+            on_reset=metrics.store_resets.inc if metrics is not None else None,
+        )
         redis_log = RedisEventLog(
             backend, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
@@ -200,10 +206,17 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.session_process_idle_s,
         config.server.resume,
     )
-    stores = build_stores(config)
+    stores = build_stores(config, metrics)
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(
-        config.tasks, config.retention, stores.tasks, stores.log, capture, metrics, record_events=config.events.enabled
+        config.tasks,
+        config.retention,
+        stores.tasks,
+        stores.log,
+        capture,
+        metrics,
+        record_events=config.events.enabled,
+        outage=config.store,
     )
     hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     passthrough = Passthrough(registry, upstream, config.tasks, metrics)
@@ -249,6 +262,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         config.server.initialize_timeout_s,
         metrics,
     )
+    store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: registry.writes.down)
+    service.store_failed = store_health.failed
     serving = asyncio.Event()
     started = time.monotonic()
 
@@ -267,6 +282,8 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         state = readiness.state
         if not serving.is_set():
             return json_response({"status": "stopping"}, 503)
+        if (problem := store_health.problem) is not None:
+            return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
         return json_response(state.body(), 200 if state.ready else 503)
 
     async def metrics_handler(_: web.Request) -> web.Response:
@@ -290,12 +307,14 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         if leases is not None:
             leases.start()
         readiness.start()
+        store_health.start()
         serving.set()
         yield
         serving.clear()
         if leases is not None:
             await leases.stop()
         await readiness.stop()
+        await store_health.stop()
         await registry.stop()
         await hosted.stop()
         await passthrough.stop()

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from gateway import __version__
 from gateway.config import Config, ConfigError, describe_errors, load_config, parse_listen
-from gateway.stores.sqlite import StoreUnavailable
+from gateway.events.log import StoreUnavailable
 
 EXIT_CODES = (
     "Exit codes: 0 completed (call --task, tasks list|get|cancel, tools: done), 1 failed (or the tool's result "

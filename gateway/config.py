@@ -247,6 +247,17 @@ class StoreConfig(_Section):
     third of it). A replica that finds a lease expired takes the task over: the owner's death costs its
     tasks up to this long (plus a third, the scan period) before they are failed or watched again."""
 
+    outage_buffer_bytes: int = Field(default=1_048_576, ge=1024)
+    """While the store cannot take writes (its server down, its disk full), the events and status changes
+    of running tasks are held in memory and retried with backoff, at most this many bytes of them
+    together. A task whose write would exceed it, or whose writes are held longer than `outage_hold_s`,
+    is failed (`data.reason` "store_unavailable"), written as soon as the store takes writes again."""
+    outage_hold_s: float = Field(default=30.0, gt=0, le=3600.0)
+    """How long a running task's writes may be held during a store outage before the task is failed."""
+    timeout_s: float = Field(default=5.0, gt=0, le=300.0)
+    """kind = "redis": how long one command may take before the store counts as unavailable (a paused or
+    partitioned server); requests that need the store then get 503."""
+
     @field_validator("url")
     @classmethod
     def _redis_url(cls, value: str) -> str:

@@ -97,6 +97,30 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.store_outages = Counter(
+            "mcp_gateway_store_outages",
+            "Times the store stopped taking writes (an unreachable server, a full disk, an I/O error); "
+            "the writes of running tasks are held meanwhile",
+            registry=self.registry,
+        )
+        self.held_write_bytes = Gauge(
+            "mcp_gateway_held_write_bytes",
+            "Bytes of task writes held while the store cannot take them, at most [store] outage_buffer_bytes",
+            registry=self.registry,
+        )
+        self.tasks_failed = Counter(
+            "mcp_gateway_tasks_failed_by_gateway",
+            "Tasks the gateway itself failed, by reason: store_unavailable (their writes could not be held "
+            "until the store came back), runner_lost (no live runner), owner_lost (taken over)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.store_resets = Counter(
+            "mcp_gateway_store_resets",
+            "Times the store's data set was found replaced (a Redis restarted empty, flushed, or failed over "
+            "to an empty replica): the open streams of its tasks ended with store_reset",
+            registry=self.registry,
+        )
         self.request_timeouts = Counter(
             "mcp_gateway_request_timeouts",
             "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "

@@ -9,6 +9,9 @@ nothing answers within `server.initialize_timeout_s`.
 One background task owns the checks: while the upstream is unusable it checks again with capped
 exponential backoff; while usable, when real traffic reports an upstream failure (`Upstream.on_failure`)
 and every `recheck_interval_s`. Each change of state is logged once; /readyz only reads the state.
+
+The task store's health (`StoreHealth`) is kept beside it: /readyz answers 503 while the store cannot
+be used (its server down, its disk full), whatever the upstream's state.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -163,3 +167,67 @@ class Readiness:
                 "" if previous.status == "starting" else " any more",
                 problem,
             )
+
+
+STORE_PROBE_S = 1.0
+"""How often the task store is probed (one read) for /readyz."""
+STORE_FAILURE_MEMORY_S = 5.0
+"""How long a request's failure to use the store keeps /readyz at "store down" without a probe's
+failure (a disk that takes no writes still answers reads)."""
+
+
+class StoreHealth:
+    """Whether the task store can be used, for /readyz: down while the running tasks' writes are held
+    (`writes_held`), while the last probe (one read, every `STORE_PROBE_S`) failed, and for
+    `STORE_FAILURE_MEMORY_S` after a request found it unusable (`failed`)."""
+
+    def __init__(self, probe: Callable[[], Awaitable[object]], writes_held: Callable[[], bool]) -> None:
+        self._probe = probe
+        self._writes_held = writes_held
+        self._probe_error: str | None = None
+        self._failed_at = -math.inf
+        self._failure: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def failed(self, error: BaseException) -> None:
+        """A request could not use the store."""
+        self._failed_at = time.monotonic()
+        self._failure = str(error)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store cannot be used now, or None."""
+        if self._writes_held():
+            return "the task store takes no writes; running tasks' writes are held"
+        if self._probe_error is not None:
+            return f"the task store cannot be read: {self._probe_error}"
+        if time.monotonic() - self._failed_at < STORE_FAILURE_MEMORY_S:
+            return f"the task store failed a request: {self._failure}"
+        return None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="store-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            was = self.problem
+            try:
+                async with asyncio.timeout(STORE_PROBE_S * 5):
+                    await self._probe()
+                self._probe_error = None
+            except Exception as error:  # any failure to read is the store's state, not a crash
+                self._probe_error = str(error) or type(error).__name__
+            now = self.problem
+            if (was is None) != (now is None):
+                if now is None:
+                    log.warning("the task store is usable again")
+                else:
+                    log.warning("the task store cannot be used (%s); /readyz answers 503 until it can", now)
+            await asyncio.sleep(STORE_PROBE_S)

@@ -34,7 +34,7 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
 from gateway.protocol.fields import check_fields
-from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError
+from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError, Unavailable
 from gateway.replay import LAST_EVENT_ID, StreamGap
 from gateway.sessions import Session, SessionRegistry
 from gateway.tasks.plans import AwaitResult, Forward, Plan, RelayHooks, Reply, StreamEvents, TaskCall
@@ -69,7 +69,7 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
         headers["WWW-Authenticate"] = error.challenge
     if isinstance(error, RateLimited):
         headers["Retry-After"] = str(error.retry_after_s)
-    if isinstance(error, Overloaded):
+    if isinstance(error, Overloaded | Unavailable):
         headers["Retry-After"] = str(retry_after_s)
     return json_response(message, status, headers)
 

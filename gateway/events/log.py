@@ -38,7 +38,15 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["EventLog", "LogBounds", "LogSealed", "MemoryEventLog", "StoredEvent", "check_retention"]
+__all__ = [
+    "EventLog",
+    "LogBounds",
+    "LogSealed",
+    "MemoryEventLog",
+    "StoreUnavailable",
+    "StoredEvent",
+    "check_retention",
+]
 
 DEFAULT_TOMBSTONE_TTL_S = 86_400.0
 """How long a deleted log's tombstone lives unless the store is told otherwise: the longest task TTL
@@ -81,6 +89,12 @@ class LogSealed(Exception):
     """An append to a log that is sealed (the task has ended) or deleted (only its tombstone is left)."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be used now: its server is unreachable, its disk full, its file unreadable. Any
+    operation of an `EventLog` or a `TaskStore` may raise it; a write that raises it wrote nothing the
+    caller cannot write again (a retried append is the caller's to make). The message is one line."""
+
+
 class EventLog(ABC):
     """A store of per-task event logs. Every method is safe for many concurrent readers and writers on one loop.
 
@@ -90,7 +104,15 @@ class EventLog(ABC):
     """
 
     @abstractmethod
-    async def append(self, task_id: str, bodies: Sequence[bytes], *, seal: bool = False, epilogue: bool = False) -> int:
+    async def append(
+        self,
+        task_id: str,
+        bodies: Sequence[bytes],
+        *,
+        seal: bool = False,
+        epilogue: bool = False,
+        key: str | None = None,
+    ) -> int:
         """Append ``bodies`` in order and return the seq given to ``bodies[0]``; with ``seal``, seal the
         log in the same step (so no reader sees the last events without the seal, or the reverse).
 
@@ -99,7 +121,20 @@ class EventLog(ABC):
         creates the log if needed and returns the current ``next_seq``. Raises ``LogSealed`` if the log is
         deleted, or sealed and this is not an ``epilogue``: a note about the ended task (its kept result
         evicted) that the log takes after its seal and stays sealed.
+
+        ``key`` names this append for a retry after ``StoreUnavailable``, whose outcome the caller does
+        not know: a store whose write can land after it reported a failure (a Redis command the server
+        ran after the client gave up) answers a retried ``key`` with the seq it gave the first time,
+        instead of appending twice. Memory and SQLite writes fail whole, and ignore it.
         """
+
+    @property
+    def resets(self) -> int:
+        """How many times this process found the store's data set replaced under it (a Redis server
+        restarted empty, flushed, or failed over to an empty replica): a reader that sees it change
+        while it follows a log knows the log is gone, not ended. Only a shared server's store can be
+        reset; an embedded one never is (0)."""
+        return 0
 
     @abstractmethod
     async def create(self, task_id: str) -> None:
@@ -304,7 +339,15 @@ class MemoryEventLog(EventLog):
             log.drop_older_than(self._clock() - self._max_age)
         return log
 
-    async def append(self, task_id: str, bodies: Sequence[bytes], *, seal: bool = False, epilogue: bool = False) -> int:
+    async def append(
+        self,
+        task_id: str,
+        bodies: Sequence[bytes],
+        *,
+        seal: bool = False,
+        epilogue: bool = False,
+        key: str | None = None,
+    ) -> int:
         log = self._ensure(task_id)
         if log.deleted or (log.sealed and not epilogue):
             state = "deleted" if log.deleted else "sealed"

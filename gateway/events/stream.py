@@ -4,12 +4,15 @@ serves the replay and the live tail alike (so nothing is lost or doubled at the 
 A stream holds only (task, next seq). It reads the log at its own pace and sleeps on the log's wake-up
 when it is caught up; a slow client costs a blocked write, never a growing buffer. Whether the stream is
 over comes from the log alone: it is sealed (the task ended, or the log was deleted) and the cursor has
-reached its end.
+reached its end. A store that cannot be read for a while (`StoreUnavailable`) holds the stream open,
+with keep-alives, until it can; a store whose data set was replaced under it (`EventLog.resets`), or a
+log that vanished without its end, ends the stream with a `store_reset` error, never as if complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +23,7 @@ import orjson
 
 from gateway import sse
 from gateway.events.capture import RECORDED_AT_KEY, RELATED_TASK_KEY
-from gateway.events.log import EventLog, LogBounds, StoredEvent
+from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
@@ -29,6 +32,10 @@ EVENTS_GONE = -32010
 MAX_SEQ = 2**63 - 1
 """The largest sequence number (stores keep seqs as signed 64-bit integers)."""
 EVENTS_GONE_MESSAGE = "Task events are no longer available"
+STORE_RESET = "store_reset"
+"""`data.reason` of the error that ends a stream whose log the store lost (its data set replaced)."""
+STORE_RETRY_INITIAL_S = 0.05
+STORE_RETRY_MAX_S = 1.0
 
 
 def parse_stream_params(message: Message) -> tuple[str, int | None]:
@@ -56,6 +63,18 @@ def events_gone(task_id: str, earliest_seq: int, request_id: Any = None) -> Prot
         EVENTS_GONE,
         EVENTS_GONE_MESSAGE,
         data={"reason": "events_gone", "taskId": task_id, "earliestSeq": earliest_seq},
+        http_status=200,
+        request_id=request_id,
+    )
+
+
+def store_reset(task_id: str, request_id: Any = None) -> ProtocolError:
+    """The end of a stream whose task's log the store lost: the data set was replaced under the gateway."""
+    return ProtocolError(
+        jsonrpc.INTERNAL_ERROR,
+        "Internal error: the task store lost this task and its events (its data set was replaced); "
+        "the task's outcome is unknown",
+        data={"reason": STORE_RESET, "taskId": task_id},
         http_status=200,
         request_id=request_id,
     )
@@ -157,20 +176,29 @@ async def run_stream(
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
-    result), or as soon as `stop` is set by a cancellation, and an events_gone ProtocolError when
-    retention overtook the cursor.
+    result), or as soon as `stop` is set by a cancellation, an events_gone ProtocolError when retention
+    overtook the cursor, and a store_reset one when the store lost the log. While the store cannot be
+    read, the stream waits for it (keep-alives every `keepalive_s`).
     """
     frames = EventFrames(task_id)
     cursor = first_seq
     delivered = 0
     pacer = WritePacer(flush_interval_s)
     caught_up = False
+    resets = log.resets
+    outage = _Outage(write, keepalive_s, stop)
     while not stop.is_set():
         if caught_up and (pause := pacer.pause()) > 0:
             # Live tail: a stream writes at most once per interval, so fan-out to many streams costs
             # a bounded number of writes per second however fast the task produces events.
             await asyncio.sleep(pause)
-        events = await log.read(task_id, cursor - 1, batch)
+        try:
+            events = await log.read(task_id, cursor - 1, batch)
+        except StoreUnavailable:
+            await outage.wait()
+            continue
+        if log.resets != resets:
+            return store_reset(task_id)
         caught_up = len(events) < batch
         if events:
             if events[0].seq != cursor:
@@ -185,9 +213,14 @@ async def run_stream(
             # so one long replay never starves the other streams on the loop.
             await asyncio.sleep(0)
             continue
-        bounds = await log.bounds(task_id)
-        if bounds is None:
-            return None
+        try:
+            bounds = await log.bounds(task_id)
+        except StoreUnavailable:
+            await outage.wait()
+            continue
+        outage.over()
+        if bounds is None or log.resets != resets:  # gone without its end: never a normal end
+            return store_reset(task_id)
         if bounds.retained_from > cursor:
             return events_gone(task_id, bounds.retained_from)
         if bounds.sealed and cursor >= bounds.next_seq:
@@ -195,6 +228,30 @@ async def run_stream(
         if not await _wait(log, task_id, cursor - 1, keepalive_s, stop) and not stop.is_set():
             await write(sse.encode_comment("keepalive"))
     return None
+
+
+class _Outage:
+    """A stream's wait for a store it cannot read: capped backoff, a keep-alive every `keepalive_s`."""
+
+    def __init__(self, write: Write, keepalive_s: float, stop: asyncio.Event) -> None:
+        self._write = write
+        self._keepalive_s = keepalive_s
+        self._stop = stop
+        self._delay = STORE_RETRY_INITIAL_S
+        self._quiet = 0.0
+
+    async def wait(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._delay):
+                await self._stop.wait()
+        self._quiet += self._delay
+        self._delay = min(self._delay * 2, STORE_RETRY_MAX_S)
+        if self._quiet >= self._keepalive_s and not self._stop.is_set():
+            self._quiet = 0.0
+            await self._write(sse.encode_comment("keepalive"))
+
+    def over(self) -> None:
+        self._delay = STORE_RETRY_INITIAL_S
 
 
 async def _wait(log: EventLog, task_id: str, after: int, timeout: float, stop: asyncio.Event) -> bool:

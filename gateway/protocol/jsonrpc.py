@@ -72,6 +72,21 @@ class Overloaded(ProtocolError):
         self.limit = limit
 
 
+class Unavailable(ProtocolError):
+    """A part the gateway needs for this request cannot be used now (the task store: its server down,
+    its disk full): HTTP 503 in both eras, with `Retry-After` (`[server] retry_after_s`), and
+    `data.reason` naming what is down (`store_unavailable`)."""
+
+    def __init__(self, reason: str, what: str, *, request_id: RequestId | None = None) -> None:
+        super().__init__(
+            INTERNAL_ERROR,
+            f"Service Unavailable: {what}; retry later",
+            http_status=503,
+            data={"reason": reason},
+            request_id=request_id,
+        )
+
+
 def error_response(request_id: RequestId | None, code: int, message: str, data: Any = None) -> Message:
     error: dict[str, Any] = {"code": code, "message": message}
     if data is not None:

@@ -46,6 +46,7 @@ from gateway.stores.redis_backend import (
     WriterFenced,
     mapped,
     raise_if_cancelled,
+    unavailable_as_store_error,
 )
 from gateway.stores.redis_wakeups import SAFETY_POLL_S, UNAVAILABLE, WakeUps
 from gateway.tasks.records import TaskRecord, TaskStatus
@@ -105,6 +106,7 @@ class RedisTaskStore(TaskStore):
         self._retention = terminal_retention_s
         self._clock = clock
 
+    @unavailable_as_store_error
     async def create(self, record: TaskRecord) -> None:
         hash_key, _ = self._backend.keys.task(record.id)
         data = record.to_dict()
@@ -149,14 +151,17 @@ class RedisTaskStore(TaskStore):
             return None
         return owner.decode(), _record(fields)
 
+    @unavailable_as_store_error
     async def get(self, owner: str, task_id: str) -> TaskRecord | None:
         found = await self._read(task_id)
         return found[1] if found is not None and found[0] == owner else None
 
+    @unavailable_as_store_error
     async def find(self, task_id: str) -> TaskRecord | None:
         found = await self._read(task_id)
         return found[1] if found is not None else None
 
+    @unavailable_as_store_error
     async def list_owned(self, owner: str, cursor: str | None, limit: int) -> TaskPage:
         index, counter = self._backend.keys.owned(owner)
         after = 0
@@ -181,6 +186,7 @@ class RedisTaskStore(TaskStore):
                 return TaskPage(page, None)
             after = int(entries[-1][1])
 
+    @unavailable_as_store_error
     async def update_status(
         self,
         task_id: str,
@@ -218,6 +224,7 @@ class RedisTaskStore(TaskStore):
             await self._client.zadd(self._backend.keys.expiry, {task_id: float(until)}, lt=True)
         return _record(values)
 
+    @unavailable_as_store_error
     async def outcome(self, task_id: str) -> bytes | None:
         if await self._read(task_id) is None:
             return None
@@ -225,18 +232,22 @@ class RedisTaskStore(TaskStore):
         kept: bytes | None = await self._client.hget(hash_key, "outcome")
         return kept
 
+    @unavailable_as_store_error
     async def replace_outcome(self, task_id: str, outcome: bytes) -> bool:
         self.check_outcome(outcome)
         hash_key, _ = self._backend.keys.task(task_id)
         return bool(await self._backend.scripts.replace_outcome(keys=[hash_key], args=[outcome]))
 
+    @unavailable_as_store_error
     async def advance_next_seq(self, task_id: str, next_seq: int) -> None:
         hash_key, _ = self._backend.keys.task(task_id)
         await self._backend.scripts.advance_next_seq(keys=[hash_key], args=[next_seq])
 
+    @unavailable_as_store_error
     async def unfinished(self) -> list[TaskRecord]:
         return [live.record for live in await self.live() if not live.record.terminal]
 
+    @unavailable_as_store_error
     async def live(self) -> list[LiveRecord]:
         # Every record is in the expiry set: a start-up scan reads them all, in one pipeline.
         members = [member.decode() for member in await self._client.zrange(self._backend.keys.expiry, 0, -1)]
@@ -255,6 +266,7 @@ class RedisTaskStore(TaskStore):
                 live.append(LiveRecord(found[1], None if replaced or not outcome_bytes else int(outcome_bytes)))
         return live
 
+    @unavailable_as_store_error
     async def expire(self, now: float) -> list[TaskRecord]:
         expired: list[TaskRecord] = []
         for member in await self._client.zrangebyscore(self._backend.keys.expiry, "-inf", repr(now)):
@@ -271,12 +283,14 @@ class RedisTaskStore(TaskStore):
                 expired.append(_record(dropped[1:]))
         return expired
 
+    @unavailable_as_store_error
     async def epoch(self, task_id: str) -> int | None:
         """The task's writer epoch (0 at create), or None for an unknown task."""
         hash_key, _ = self._backend.keys.task(task_id)
         owner, epoch = await self._client.hmget(hash_key, ["owner", "epoch"])
         return int(epoch) if owner is not None and epoch is not None else None
 
+    @unavailable_as_store_error
     async def bump_epoch(self, task_id: str, expected: int) -> int | None:
         """Move the task to epoch `expected + 1` if it is still at `expected` (a takeover); the new epoch,
         or None if another writer moved it first or the task is unknown. Appends with an older epoch are
@@ -327,9 +341,14 @@ class RedisEventLog(EventLog):
     def wake_ups(self) -> WakeUps:
         return self._backend.wake_ups
 
+    @property
+    def resets(self) -> int:
+        return self._backend.resets
+
     def _cutoff(self) -> str:
         return "" if self._max_age == math.inf else repr(self._clock() - self._max_age)
 
+    @unavailable_as_store_error
     async def append(
         self,
         task_id: str,
@@ -337,6 +356,7 @@ class RedisEventLog(EventLog):
         *,
         seal: bool = False,
         epilogue: bool = False,
+        key: str | None = None,
         epoch: int | None = None,
     ) -> int:
         """As `EventLog.append`; with `epoch` (a fenced writer; by default the epoch this replica holds of
@@ -350,21 +370,24 @@ class RedisEventLog(EventLog):
         fenced = "-" if epoch is None else str(epoch)
         header = f"{self._clock()!r} {self._max_events} {self._cutoff() or '-'} {int(seal)}{int(epilogue)} {fenced}"
         try:
-            return int(await self._backend.appends.run(keys, [header, *bodies]))
+            return int(await self._backend.appends.run(keys, [header, *bodies], key))
         except WriterFenced:
             self._backend.fenced(task_id)
             raise
 
+    @unavailable_as_store_error
     async def create(self, task_id: str) -> None:
         if self._closed:
             raise RuntimeError("the event log is closed")
         hash_key, _ = self._backend.keys.task(task_id)
         await self._backend.scripts.create_log(keys=[hash_key])
 
+    @unavailable_as_store_error
     async def seal(self, task_id: str) -> None:
         hash_key, _ = self._backend.keys.task(task_id)
         await self._backend.scripts.seal(keys=[hash_key], args=[self._backend.keys.channel(task_id)])
 
+    @unavailable_as_store_error
     async def bounds(self, task_id: str) -> LogBounds | None:
         found = await self._backend.scripts.bounds(
             keys=list(self._backend.keys.task(task_id)), args=[self._max_events, self._cutoff()]
@@ -375,6 +398,7 @@ class RedisEventLog(EventLog):
         next_seq, sealed, earliest = (int(value) for value in found)
         return LogBounds(earliest if earliest >= 0 else None, next_seq, bool(sealed))
 
+    @unavailable_as_store_error
     async def read(self, task_id: str, after: int, limit: int) -> list[StoredEvent]:
         if limit <= 0:
             return []
@@ -416,9 +440,12 @@ class RedisEventLog(EventLog):
         ready = await self._ready(task_id, after)
         if ready is not None or timeout <= 0:
             return bool(ready)
+        resets = self._backend.resets
         async with self._backend.wake_ups.watching(self._backend.keys.channel(task_id)) as watched:
             while True:
                 signal = watched.signal  # taken before the read: a wake-up after it is not missed
+                if self._backend.resets != resets:
+                    return False  # the data set was replaced: what this waited for is gone
                 ready = await self._ready(task_id, after)
                 if ready is not None:
                     return ready
@@ -429,6 +456,7 @@ class RedisEventLog(EventLog):
                     async with asyncio.timeout(min(remaining, self._safety_poll_s)):
                         await signal.wait()
 
+    @unavailable_as_store_error
     async def delete(self, task_id: str) -> None:
         keys = list(self._backend.keys.task(task_id))
         await self._backend.scripts.delete_log(

@@ -11,20 +11,23 @@ another one took a task from is fenced. Script errors come back as the exception
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from gateway.events.log import LogSealed
+from gateway.events.log import LogSealed, StoreUnavailable
 from gateway.stores import SECRET_BYTES
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_wakeups import UNAVAILABLE, WakeUps
@@ -38,6 +41,7 @@ __all__ = [
     "WriterFenced",
     "mapped",
     "raise_if_cancelled",
+    "unavailable_as_store_error",
 ]
 
 log = logging.getLogger("gateway.stores.redis")
@@ -48,6 +52,15 @@ FENCED_EPOCH = -1
 """The epoch a replica writes a task with once it learnt another replica took the task over: no task
 is ever at it, so every later write is refused."""
 RETRIES = 5
+DEFAULT_TIMEOUT_S = 5.0
+DATASET_CHECK_S = 1.0
+"""How often a replica reads its key prefix's data-set marker: the longest a reset goes unnoticed."""
+_REFUSALS = ("MISCONF", "OOM", "READONLY", "MASTERDOWN", "LOADING")
+"""Error replies of a server that runs but takes no writes now (cannot persist, out of memory, a
+replica, loading its data): the store is unavailable, not the request wrong."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class StoreUnreachable(OSError):
@@ -78,6 +91,32 @@ def mapped(error: BaseException) -> BaseException:
         if kind is not None:
             return kind(message)
     return error
+
+
+def store_error(error: BaseException) -> StoreUnavailable | None:
+    """The StoreUnavailable an error of the client or a server refusal means, if it means one."""
+    if isinstance(error, UNAVAILABLE):
+        return StoreUnavailable(f"the Redis store cannot be reached: {error}")
+    if isinstance(error, ResponseError) and str(error).startswith(_REFUSALS):
+        return StoreUnavailable(f"the Redis store takes no writes: {str(error).splitlines()[0]}")
+    return None
+
+
+def unavailable_as_store_error(method: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """A store operation whose connection errors (and refusals of a server that takes no writes now)
+    come out as the interfaces' `StoreUnavailable`."""
+
+    @functools.wraps(method)
+    async def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except (*UNAVAILABLE, ResponseError) as error:
+            unavailable = store_error(error)
+            if unavailable is None:
+                raise
+            raise unavailable from error
+
+    return translated
 
 
 def raise_if_cancelled() -> None:
@@ -135,6 +174,12 @@ class RedisKeys:
     def expiry(self) -> str:
         return self.prefix + "expiry"
 
+    @property
+    def dataset(self) -> str:
+        """A random marker of the data set under this prefix, written at first use: gone or changed
+        means the data set was replaced under the replicas (`RedisBackend.reset_found`)."""
+        return self.prefix + "dataset"
+
     def secret(self, name: str) -> str:
         """A random secret every replica shares (`RedisBackend.secret`)."""
         return f"{self.prefix}secret:{name}"
@@ -171,6 +216,8 @@ class _Pending:
     keys: list[str]
     args: list[Any]
     done: asyncio.Future[Any]
+    key: str | None = None
+    """The caller's name for this append, kept across its retries (`EventLog.append`'s `key`)."""
 
 
 class _AppendPipeline:
@@ -183,8 +230,8 @@ class _AppendPipeline:
         self._queue: list[_Pending] = []
         self._sender: asyncio.Task[None] | None = None
 
-    async def run(self, keys: list[str], args: list[Any]) -> Any:
-        pending = _Pending(keys, args, asyncio.get_running_loop().create_future())
+    async def run(self, keys: list[str], args: list[Any], key: str | None = None) -> Any:
+        pending = _Pending(keys, args, asyncio.get_running_loop().create_future(), key)
         self._queue.append(pending)
         if self._sender is None:
             self._sender = asyncio.create_task(self._send())
@@ -224,9 +271,9 @@ class _AppendPipeline:
         for index, pending in enumerate(batch):
             header, *bodies = pending.args
             keys = [key.encode() for key in pending.keys]
-            commands.append(
-                [b"EVALSHA", sha, b"%d" % len(keys), *keys, f"{header} {batch_id} {index}".encode(), *bodies]
-            )
+            # A keyed append is its own batch: retried by its caller in another pipeline, it is known again.
+            known_as = f"{pending.key} 0" if pending.key is not None else f"{batch_id} {index}"
+            commands.append([b"EVALSHA", sha, b"%d" % len(keys), *keys, f"{header} {known_as}".encode(), *bodies])
         packed = _packed(commands)
         pool = self._client.connection_pool
         connection: AbstractConnection = await pool.get_connection()  # type: ignore[no-untyped-call]
@@ -260,16 +307,17 @@ async def _round_trip(connection: AbstractConnection, packed: bytes, replies: in
     return results
 
 
-def _pool(url: str, max_connections: int) -> aioredis.BlockingConnectionPool:
+def _pool(url: str, max_connections: int, timeout_s: float) -> aioredis.BlockingConnectionPool:
     """A bounded pool (many waiting readers share a few connections instead of opening one each) whose
     commands are retried a few times on a lost connection, which covers a server restart of about a
-    second (append pipelines too: the acks make a replayed one safe)."""
+    second (append pipelines too: the acks make a replayed one safe). A command unanswered within
+    `timeout_s` (a paused server) is not retried: the store is unavailable for now."""
     return aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
-        socket_connect_timeout=5.0,
-        socket_timeout=30.0,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES),
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), RETRIES, supported_errors=(RedisConnectionError,)),
     )
 
 
@@ -277,7 +325,15 @@ class RedisBackend:
     """One Redis server (or cluster entry point) under one key prefix: the client, the scripts, the
     append pipeline and the wake-up connection both stores share."""
 
-    def __init__(self, url: str, prefix: str, *, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        *,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_reset: Callable[[], None] | None = None,
+    ) -> None:
         self.replica = secrets.token_hex(8)
         """This replica's id: random, minted at start (a restarted process is a new replica)."""
         self.lease_ttl_ms = max(1, int(lease_ttl_s * 1000))
@@ -290,15 +346,22 @@ class RedisBackend:
         a lease tick can see it: a tick releases the leases of tasks the registry does not know."""
         self.on_fenced: Callable[[str], None] | None = None
         """Told (once per task) when a write of this replica was fenced: the task is another's now."""
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS))
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, MAX_CONNECTIONS, timeout_s))
         # The append pipeline has a connection of its own: many readers never make a writer wait for one.
-        self.writer: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, 1))
+        self.writer: aioredis.Redis = aioredis.Redis(connection_pool=_pool(url, 1, timeout_s))
         self.keys = RedisKeys(prefix)
         self.scripts = _Scripts(self.client)
         self.appends = _AppendPipeline(self.writer, self.scripts.append)
         self.wake_ups = WakeUps(self.client)
         self.closed = False
         self._users = 0
+        self.dataset: bytes | None = None
+        """The marker of the data set this replica works on (`RedisKeys.dataset`), read at `check`."""
+        self.resets = 0
+        """How many times this replica found the data set replaced (the marker gone or changed)."""
+        self.on_reset = on_reset
+        """Told (on the loop) each time a reset is found: counted and logged by the caller."""
+        self._watcher: asyncio.Task[None] | None = None
 
     def hold(self, task_id: str, epoch: int) -> None:
         """This replica runs (or watches) the task from now on, writing it at `epoch`."""
@@ -328,9 +391,11 @@ class RedisBackend:
 
     async def check(self) -> list[str]:
         """Reach the server; warnings about settings the stores need (`maxmemory-policy noeviction`).
-        StoreUnreachable if it cannot be reached."""
+        StoreUnreachable if it cannot be reached. Learns the data-set marker (drawing it if the key
+        prefix has none) and from then on watches it (`watch_dataset`)."""
         try:
             await self.client.ping()
+            self.dataset = await self._marker()
         except UNAVAILABLE as error:
             where = self.client.connection_pool.connection_kwargs
             server = where.get("path") or f"{where.get('host')}:{where.get('port')}"  # never the password
@@ -338,7 +403,9 @@ class RedisBackend:
         try:
             settings = await self.client.config_get("maxmemory-policy")
         except ResponseError as error:  # managed services may refuse CONFIG
+            self._start_watching()
             return [f"could not check the Redis maxmemory-policy ({error}); it must be noeviction"]
+        self._start_watching()
         policy = next((_text(value) for name, value in settings.items() if _text(name) == "maxmemory-policy"), "")
         if policy != "noeviction":
             return [
@@ -346,6 +413,45 @@ class RedisBackend:
                 "evict task records and events, and readers would see tasks vanish and logs gone"
             ]
         return []
+
+    async def _marker(self) -> bytes:
+        """The key prefix's data-set marker, drawn now if there is none."""
+        key = self.keys.dataset
+        await self.client.set(key, secrets.token_hex(8), nx=True)
+        value = await self.client.get(key)
+        assert isinstance(value, bytes)  # set just now if it was not there
+        return value
+
+    def _start_watching(self) -> None:
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_dataset(), name="redis-dataset-marker")
+
+    async def _watch_dataset(self) -> None:
+        """Every `DATASET_CHECK_S`, read the marker; a marker gone or changed (a server restarted empty,
+        a flush, a failover to an empty replica) is a reset: `reset_found`."""
+        while True:
+            await asyncio.sleep(DATASET_CHECK_S)
+            with contextlib.suppress(*UNAVAILABLE):  # an outage is not a reset: asked again after it
+                marker = await self._marker()
+                if marker != self.dataset:
+                    self.dataset = marker
+                    self.reset_found()
+
+    def reset_found(self) -> None:
+        """The data set was replaced: every task this replica held is gone (its runs are stopped as a
+        fenced replica's are), and every waiter wakes to find what it followed gone."""
+        self.resets += 1
+        log.error(
+            "the Redis data set under this key prefix was replaced (restarted empty, flushed, or failed over "
+            "to an empty replica): its tasks and logs are lost; open streams end with store_reset",
+            extra={"tasks_held": len(self.held)},
+        )
+        for task_id in list(self.held):
+            self.fenced(task_id)
+        self.held.clear()
+        self.wake_ups.wake_all()
+        if self.on_reset is not None:
+            self.on_reset()
 
     async def secret(self, name: str) -> bytes:
         """The random secret `name` every replica on this prefix shares: the first to ask draws it."""
@@ -360,6 +466,10 @@ class RedisBackend:
         if self._users > 0 or self.closed:
             return
         self.closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.wake_ups.close()
         await self.writer.aclose()
         await self.client.aclose()

@@ -4,7 +4,9 @@
 their tables in one file opened here. The file is in WAL mode (readers never block the writer, nor it
 them), with `synchronous = NORMAL` (a commit survives a crash of the process, the last ones may be lost
 on power loss) or `FULL` (every commit is on disk). WAL needs shared memory between the connections:
-one host only, never a network filesystem; and one process per file, held by a lock on `<path>.lock`.
+one host only, never a network filesystem; and one process per file, held by an OS lock (`flock`) on
+the database file itself, which nothing can delete from under the process that holds it. Opening runs
+`PRAGMA quick_check`: a corrupt file is refused at start (and by `check-config --connect`).
 
 Nothing here blocks the event loop. Every write is a function run on the one writer connection, on a
 thread of its own: the writes a loop tick submits (and any that queue up while a commit runs) run in
@@ -12,7 +14,8 @@ one transaction, committed once, and each caller's future resolves after the com
 write's `on_commit`, which runs even if the caller stopped waiting). A write function refuses (raises)
 before it changes anything; an SQLite error fails every write of its batch (and runs the `on_rollback`
 hooks, for what a store keeps beside the file on the writer thread). Reads run on a small pool of
-threads, each with its own read-only connection, and see every committed write.
+threads, each with its own read-only connection, and see every committed write. Any SQLite error of a
+write or a read (a full disk, an I/O error, a page found corrupt) comes out as `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, Generic, Literal, TypeVar
 
+from gateway.events.log import StoreUnavailable
 from gateway.stores import SECRET_BYTES
 
 __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"]
@@ -93,10 +97,6 @@ _Job = tuple[Write, "asyncio.Future[Any]", Callable[[Any], None] | None]
 _Batch = tuple[asyncio.AbstractEventLoop, list[_Job]]
 
 
-class StoreUnavailable(Exception):
-    """The configured store cannot be opened or used; the message says which file and why, on one line."""
-
-
 class SqliteDatabase:
     """One database file: its writer thread and connection, its reader threads and connections.
 
@@ -135,12 +135,14 @@ class SqliteDatabase:
         return connection
 
     def _take_lock(self) -> IO[bytes]:
-        """Hold `<path>.lock` while open: a second process on the same file would write the same seqs
-        and wake none of this one's waiters."""
-        lock_path = self.path.with_name(self.path.name + ".lock")
+        """Hold an exclusive `flock` on the database file itself while open (created empty if new,
+        which SQLite takes for a new database): a second process on the same file would write the same
+        seqs and wake none of this one's waiters. `flock` locks are apart from SQLite's own POSIX locks
+        on the file, and this descriptor stays open until the connections are closed, so closing it
+        never drops theirs."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(lock_path, "ab")  # noqa: SIM115 - held until the database closes
+            lock = open(self.path, "ab")  # noqa: SIM115 - held until the database closes
         except OSError as exc:
             raise StoreUnavailable(f"cannot open the SQLite store {self.path}: {_reason(exc)}") from None
         try:
@@ -164,6 +166,9 @@ class SqliteDatabase:
             if mode != "wal":
                 raise StoreUnavailable(f"the SQLite store {where} cannot use WAL (journal mode {mode!r})")
             connection.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+            (verdict,) = connection.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict != "ok":  # one line of what SQLite found first (a verdict may hold several)
+                raise StoreUnavailable(f"the SQLite store {where} is corrupt: {str(verdict).splitlines()[0]}")
             version = connection.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreUnavailable(
@@ -295,10 +300,14 @@ class SqliteDatabase:
         return await self.write(get_or_draw)
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `query` on a read connection (off the loop); it sees every write committed before."""
+        """Run `query` on a read connection (off the loop); it sees every write committed before.
+        StoreUnavailable if SQLite fails it (an I/O error, a corrupt page)."""
         if self._closed:
             raise RuntimeError(f"the SQLite store {self.path} is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._readers, self._on_reader, query)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._readers, self._on_reader, query)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"the SQLite store {self.path} failed a read: {_reason(exc)}") from None
 
     def _on_reader(self, query: Callable[[sqlite3.Connection], T]) -> T:
         connection: sqlite3.Connection | None = getattr(self._reader_local, "connection", None)

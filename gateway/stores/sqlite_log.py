@@ -225,7 +225,15 @@ class SqliteEventLog(EventLog):
             waiters.changed.set()
             waiters.changed = asyncio.Event()
 
-    async def append(self, task_id: str, bodies: Sequence[bytes], *, seal: bool = False, epilogue: bool = False) -> int:
+    async def append(
+        self,
+        task_id: str,
+        bodies: Sequence[bytes],
+        *,
+        seal: bool = False,
+        epilogue: bool = False,
+        key: str | None = None,
+    ) -> int:
         rows = list(bodies)
         clock = self._clock()
         cutoff = self._cutoff()

@@ -139,6 +139,7 @@ class HostedTasks:
         task.cancel = exchange.cancel
         self.input.running(task, call)
         runner = asyncio.create_task(self._run(task, caller, call, exchange, resources), name=f"task-{task.id}")
+        task.runner = runner
         self._runners.add(runner)
         runner.add_done_callback(self._runners.discard)
 
@@ -250,7 +251,15 @@ class HostedTasks:
         task.on_status = on_status
         task.on_input = on_input
         call = UpstreamCall(channel, self.upstream_call(message, LEGACY), headers or {})
-        exchange = await channel.request(call.message, {})
+        try:
+            exchange = await channel.request(call.message, {})
+        except Exception:  # the call never started: the task must not stay working without a runner
+            await self.finish(
+                task,
+                caller,
+                jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "the upstream call could not be sent"),
+            )
+            raise
         self.run(task, caller, call, exchange, resources)
         return self.created(caller, task, message["id"])
 

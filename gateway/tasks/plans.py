@@ -11,13 +11,14 @@ request's response is done unless a task took it over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from gateway.config import ServerConfig, TasksConfig
-from gateway.events.log import EventLog
-from gateway.events.stream import Write, run_stream
+from gateway.events.log import EventLog, StoreUnavailable
+from gateway.events.stream import STORE_RETRY_MAX_S, Write, run_stream
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import dialect_of, unknown_task
 from gateway.protocol.era import Era
@@ -197,7 +198,11 @@ class AwaitResult:
                     pending.carried_by = self._carries
                 self._claimed = True
                 return [pending.request for pending in claimed], None
-            record = await self._hosted.reads.record(self._record.owner, self._record.id)
+            try:
+                record = await self._hosted.reads.record(self._record.owner, self._record.id)
+            except StoreUnavailable:  # wait for the store, with keep-alives, as a stream does
+                await asyncio.sleep(min(wait_s, STORE_RETRY_MAX_S))
+                return [], None
             if record is None:  # its ttl ran out meanwhile
                 return [], unknown_task(self._request_id).to_message()
             if record.terminal:
@@ -210,9 +215,10 @@ class AwaitResult:
     async def _watch(self, wait_s: float) -> bool:
         """Wait for the log of a task another process runs to grow or be sealed."""
         log, record = self._hosted.reads.log, self._record
-        bounds = await log.bounds(record.id)
-        if bounds is not None and not bounds.sealed:
-            return await log.wait(record.id, bounds.next_seq - 1, wait_s)
+        with contextlib.suppress(StoreUnavailable):  # read again after the poll interval
+            bounds = await log.bounds(record.id)
+            if bounds is not None and not bounds.sealed:
+                return await log.wait(record.id, bounds.next_seq - 1, wait_s)
         # Sealed a moment before the record turns terminal (the log is written first), or gone with the
         # record: read the store again after the task's poll interval, not in a busy loop.
         await asyncio.sleep(min(wait_s, record.poll_interval_ms / 1000))

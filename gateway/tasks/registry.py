@@ -14,6 +14,12 @@ runs out; their event logs `terminal_retention_s` after they end (whichever come
 log's tombstone. The log trims itself per task (count and age). A process starting on a durable store
 rebuilds this bookkeeping from the store's live records (`rebuild`): the task counts, the kept
 outcomes in the order their tasks ended, and when each ended task's log goes.
+
+Store faults are events of a task's life too. A write the store cannot take (`StoreUnavailable`) is
+held and retried (`gateway.tasks.outage`) while the task runs on; a task whose writes cannot be held
+until the store returns is failed (`store_unavailable`), and that end is written when it does. A
+gateway-hosted task left without a live runner (`Task.runner`) is failed (`runner_lost`) by the
+periodic orphan check. Every task that fails logs one line saying why.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -31,13 +38,14 @@ from typing import Any
 
 import orjson
 
-from gateway.config import RetentionConfig, TasksConfig
+from gateway.config import RetentionConfig, StoreConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
-from gateway.events.log import EventLog, LogSealed
+from gateway.events.log import EventLog, LogSealed, StoreUnavailable
 from gateway.events.summaries import call_audit, summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.tasks.outage import HeldWrites, Step
 from gateway.tasks.records import RecordView, TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
 from gateway.tasks.store import InvalidCursor, LiveRecord, TaskPage, TaskStore
 
@@ -56,6 +64,15 @@ a summary grows with the result's content blocks and error message."""
 
 MAX_CURSOR_DIGITS = 19
 """A `tasks/list` cursor is a decimal number of at most this many digits (any signed 64-bit number)."""
+STORE_UNAVAILABLE = "store_unavailable"
+"""`data.reason` of a task failed because the store could not take its writes in time; also of the
+503 answered to requests that need the store while it is down."""
+RUNNER_LOST = "runner_lost"
+"""`data.reason` of a gateway-hosted task failed by the orphan check: nothing in this process ran it."""
+ORPHAN_CHECK_S = 5.0
+"""How often the orphan check looks at this process's tasks; a task is failed when two checks in a
+row found it without a live runner (so one just created, its run about to start, is never taken)."""
+
 ANONYMOUS = "anonymous"
 """The caller until authentication exists: every task carries an owner so auth only fills it in."""
 
@@ -137,6 +154,12 @@ class Task(RecordView):
     upstream: Any = None
     """For a task the upstream hosts: the pass-through watcher's state (a `passthrough.UpstreamTask`:
     its conversation, what was last observed); the record's `upstream` says where it lives."""
+    runner: asyncio.Future[None] | None = None
+    """For a gateway-hosted task: what runs it here (the hosted runner); the orphan check fails a
+    running task whose runner is missing or done."""
+    orphaned: bool = False
+    """The last orphan check found it without a live runner: this process can no longer run it (its
+    lease is no longer renewed, and the next check fails it)."""
 
     @property
     def outcome(self) -> Message | None:
@@ -187,6 +210,7 @@ class TaskRegistry:
         metrics: Metrics,
         *,
         record_events: bool = True,
+        outage: StoreConfig | None = None,
     ) -> None:
         self._config = config
         self._metrics = metrics
@@ -209,6 +233,10 @@ class TaskRegistry:
         self.kept_bytes = 0
         """The bytes of every kept outcome together: at most `[retention] results_budget_bytes`."""
         self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Future[None]] = set()
+        outage = outage or StoreConfig()
+        self.writes = HeldWrites(outage.outage_buffer_bytes, outage.outage_hold_s, metrics, self._fail_held)
+        """The writes of tasks the store could not take yet, retried until it does."""
 
     def __len__(self) -> int:
         """The tasks this process holds: every live record it counts against `max_tasks_total`."""
@@ -251,7 +279,7 @@ class TaskRegistry:
         # Counted before the first await, so that concurrent creations cannot all pass `check_room`.
         self._count(record)
         try:
-            await self.store.create(record)
+            await self.store.create(record)  # StoreUnavailable: no task was made (the caller gets 503)
         except BaseException:
             self._uncount(record.id)
             raise
@@ -259,7 +287,8 @@ class TaskRegistry:
         # lease tick releases the leases of tasks the registry does not know.
         task = Task(record)
         self._tasks[task.id] = task
-        await self.log.create(task.id)
+        # The record exists: from here on the store's faults are held like any write of a running task.
+        await self.writes.write(task.id, 0, lambda: self.log.create(task.id))
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
         lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
         await self.record(task, lifecycle)
@@ -355,8 +384,34 @@ class TaskRegistry:
             log.debug("event not recorded: the task's log is sealed", extra={"task": task_id})
 
     async def _append(self, task_id: str, bodies: list[bytes], *, seal: bool = False, epilogue: bool = False) -> None:
-        first = await self.log.append(task_id, bodies, seal=seal, epilogue=epilogue)
-        await self.store.advance_next_seq(task_id, first + len(bodies))
+        """Append now, or hold the append while the store takes no writes (LogSealed only if now)."""
+        size = sum(len(body) for body in bodies)
+        await self.writes.write(task_id, size, self._append_step(task_id, bodies, seal=seal, epilogue=epilogue))
+
+    def _append_step(self, task_id: str, bodies: list[bytes], *, seal: bool, epilogue: bool) -> Step:
+        """The append and the record's `next_seq` after it, as one step that resumes where it failed. Its
+        key makes a retry after an unknown outcome (a Redis command run after the client gave up) answer
+        the first append's seq instead of appending twice."""
+        key = secrets.token_hex(8)
+        first: int | None = None
+
+        async def step() -> None:
+            nonlocal first
+            if first is None:
+                first = await self.log.append(task_id, bodies, seal=seal, epilogue=epilogue, key=key)
+            await self.store.advance_next_seq(task_id, first + len(bodies))
+
+        return step
+
+    def _held_append(self, task_id: str, bodies: list[bytes], *, seal: bool) -> Step:
+        """`_append_step` for a write that may be held: a log sealed or deleted meanwhile drops it."""
+        append = self._append_step(task_id, bodies, seal=seal, epilogue=False)
+
+        async def step() -> None:
+            with contextlib.suppress(LogSealed):
+                await append()
+
+        return step
 
     async def set_status(
         self,
@@ -366,40 +421,45 @@ class TaskRegistry:
         *,
         outcome: Message | None = None,
         updated_at: str | None = None,
+        reason: str | None = None,
     ) -> bool:
         """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
         False when it is already terminal (terminal states never change) or another writer changed it
         first. A terminal `outcome` is kept within `max_result_bytes` and, evicting the oldest kept
-        outcomes, `results_budget_bytes`."""
+        outcomes, `results_budget_bytes`. `reason` (why the gateway failed it) goes into the
+        `task.status` event. While the store takes no writes the change is held (`writes`): this
+        process sees the new status at once, the store when it takes writes again."""
         if task.terminal:
             return False
         kept, encoded = None, None
         if status.terminal and outcome is not None:
             kept, encoded = bounded(outcome, self._retention.max_result_bytes)
         summary = summarize_outcome(status.value, kept) if status.terminal else None
-        detail = {"statusMessage": message} if message is not None else {}
-        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
-        if summary is not None:
-            events.append(self.capture.lifecycle("task.terminal", **summary))
+        bodies = self._status_bodies(status, message, summary, reason)
         # The events (and, once terminal, the seal) in one log call, before the status changes: no
         # reader sees the new status without its events, or the stream's end without the last event.
-        bodies = [self.capture.encode(event) for event in events] if self._record_events else []
-        with contextlib.suppress(LogSealed):  # retention deleted the log: the record still changes
-            await self._append(task.id, bodies, seal=status.terminal)
-        record = await self.store.update_status(
-            task.id,
-            task.status,
-            status,
-            message,
-            updated_at or iso_now(),
-            outcome=encoded,
-            outcome_summary=summary if summary is None else bounded_summary(summary),
-        )
-        if record is None:
-            return False  # another writer changed the status first
-        task.record = record
-        if status is TaskStatus.FAILED:  # one line per failed task, with why (the status message says it too)
-            log.warning("task failed", extra={"task": task.id, "reason": failure_reason(outcome), "detail": message})
+        # A log that retention deleted takes none: the record still changes.
+        append = self._held_append(task.id, bodies, seal=status.terminal)
+        await self.writes.write(task.id, sum(map(len, bodies)), append)
+        updated_at = updated_at or iso_now()
+        kept_summary = summary if summary is None else bounded_summary(summary)
+        update = self._update_step(task, task.status, status, message, updated_at, encoded, kept_summary)
+        previous = task.record
+        if await self.writes.write(task.id, len(encoded or b""), update):  # held too if the append was
+            if task.record is previous:
+                return False  # another writer changed the status first
+        else:  # held: this process goes on from the status the store will have
+            task.record = dataclasses.replace(
+                task.record,
+                status=status,
+                status_message=message,
+                last_updated_at=updated_at,
+                outcome_summary=kept_summary,
+            )
+        if status is TaskStatus.FAILED:
+            log.warning(
+                "task failed", extra={"task": task.id, "reason": reason or failure_reason(outcome), "detail": message}
+            )
         evicted: list[tuple[str, int]] = []
         if summary is not None:  # terminal
             task.cancel = None  # nothing left to cancel; and it must not hold the finished call alive
@@ -415,6 +475,111 @@ class TaskRegistry:
             await task.on_status(task)
         await self._record_evictions(evicted)
         return True
+
+    def _status_bodies(
+        self, status: TaskStatus, message: str | None, summary: dict[str, Any] | None, reason: str | None
+    ) -> list[bytes]:
+        """The events of a status change: `task.status`, and `task.terminal` once terminal."""
+        if not self._record_events:
+            return []
+        detail: dict[str, Any] = {"statusMessage": message} if message is not None else {}
+        if reason is not None:
+            detail["reason"] = reason
+        events = [self.capture.lifecycle("task.status", status=status.value, **detail)]
+        if summary is not None:
+            events.append(self.capture.lifecycle("task.terminal", **summary))
+        return [self.capture.encode(event) for event in events]
+
+    def _update_step(
+        self,
+        task: Task,
+        expected: TaskStatus,
+        status: TaskStatus,
+        message: str | None,
+        updated_at: str,
+        outcome: bytes | None,
+        summary: dict[str, Any] | None,
+    ) -> Step:
+        """The status change in the store (compare-and-set on `expected`); the task's record as written."""
+
+        async def step() -> None:
+            record = await self.store.update_status(
+                task.id, expected, status, message, updated_at, outcome=outcome, outcome_summary=summary
+            )
+            if record is not None:
+                task.record = record
+            elif self.writes.holds(task.id):
+                log.warning("a held status change was refused: the task changed meanwhile", extra={"task": task.id})
+
+        return step
+
+    def _fail_held(self, task_id: str, why: str) -> list[tuple[Step, int]]:
+        """The store could not take a task's writes in time (`HeldWrites`): it ends `failed` here now,
+        and the steps returned write that end (after whatever status the store has) once it takes
+        writes again; the run is cancelled."""
+        task = self._tasks.get(task_id)
+        if task is None:
+            return []
+        cause = f"the task store could not take the task's writes: {why}"
+        kept, encoded = bounded(store_unavailable_outcome(cause), self._retention.max_result_bytes)
+        summary = summarize_outcome(TaskStatus.FAILED.value, kept)
+        bodies = self._status_bodies(TaskStatus.FAILED, cause, summary, STORE_UNAVAILABLE)
+        kept_summary = bounded_summary(summary)
+        updated_at = iso_now()
+
+        async def fail_in_store() -> None:
+            stored = await self.store.find(task_id)
+            if stored is None or stored.terminal:
+                return
+            await self._update_step(task, stored.status, TaskStatus.FAILED, cause, updated_at, encoded, kept_summary)()
+
+        hook, task.cancel = task.cancel, None
+        task.record = dataclasses.replace(
+            task.record,
+            status=TaskStatus.FAILED,
+            status_message=cause,
+            last_updated_at=updated_at,
+            outcome_summary=kept_summary,
+        )
+        task.kept_outcome = encoded
+        task.settle_input()
+        self._log_expiry[task_id] = time.monotonic() + self._retention.terminal_retention_s
+        task.done.set()
+        self._metrics.tasks_failed.labels(reason=STORE_UNAVAILABLE).inc()
+        log.warning("task failed", extra={"task": task_id, "reason": STORE_UNAVAILABLE, "cause": cause})
+        if hook is not None:
+            self._spawn(hook())
+        if task.on_status is not None:
+            self._spawn(task.on_status(task))
+        size = sum(map(len, bodies)) + len(encoded)
+        return [(self._held_append(task_id, bodies, seal=True), size), (fail_in_store, len(encoded))]
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        """Work started outside any request (a cancel hook), kept until done; its failure is logged."""
+        future = asyncio.ensure_future(work)
+        self._background.add(future)
+        future.add_done_callback(self._background_done)
+
+    def _background_done(self, future: asyncio.Future[None]) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and (error := future.exception()) is not None:
+            log.warning("task registry: background work failed", extra={"error": repr(error)})
+
+    async def check_orphans(self) -> None:
+        """Fail (`runner_lost`) every running gateway-hosted task found without a live runner here by
+        this check and the one before."""
+        for task in list(self._tasks.values()):
+            if task.terminal or task.record.upstream is not None or self.writes.holds(task.id):
+                continue
+            alive = task.runner is not None and not task.runner.done()
+            if alive or not task.orphaned:
+                task.orphaned = not alive
+                continue
+            cause = "no runner of the task is left in the gateway process that holds it"
+            self._metrics.tasks_failed.labels(reason=RUNNER_LOST).inc()
+            await self.set_status(
+                task, TaskStatus.FAILED, cause, outcome=lost_runner_outcome(cause), reason=RUNNER_LOST
+            )
 
     async def _record_evictions(self, evicted: list[tuple[str, int]]) -> None:
         """Note in each evicted task's log that its result was evicted, and how large it was."""
@@ -444,7 +609,10 @@ class TaskRegistry:
         self.kept_bytes += size
         self._metrics.kept_result_bytes.set(self.kept_bytes)
         for victim_id, outcome in replaced:
-            await self.store.replace_outcome(victim_id, outcome)
+            try:
+                await self.store.replace_outcome(victim_id, outcome)
+            except StoreUnavailable:  # the store keeps the victim's result a while longer: no harm
+                log.warning("an evicted result stays in the store: it takes no writes", extra={"task": victim_id})
         return evicted
 
     def _forget_outcome(self, task_id: str) -> None:
@@ -457,9 +625,16 @@ class TaskRegistry:
         self._sweeper = asyncio.create_task(self._sweep(), name="task-sweeper")
 
     async def _sweep(self) -> None:
+        checked = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
-            await self.sweep_once()
+            try:
+                await self.sweep_once()
+                if time.monotonic() - checked >= ORPHAN_CHECK_S:
+                    checked = time.monotonic()
+                    await self.check_orphans()
+            except StoreUnavailable:  # the next sweep tries again; held writes are retried on their own
+                continue
 
     async def sweep_once(self) -> None:
         now = time.monotonic()
@@ -485,6 +660,10 @@ class TaskRegistry:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        await self.writes.stop()
+        for future in list(self._background):
+            future.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
 
 def ended_at(record: TaskRecord) -> float:
@@ -509,6 +688,16 @@ def bounded(outcome: Message, limit: int) -> tuple[Message, bytes]:
     data = {"reason": RESULT_TOO_LARGE, "size": len(value), "limit": limit}
     kept = {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": data}}
     return kept, orjson.dumps(kept)
+
+
+def store_unavailable_outcome(cause: str) -> Message:
+    """The outcome kept for a task failed because the store could not take its writes in time."""
+    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": cause, "data": {"reason": STORE_UNAVAILABLE}}}
+
+
+def lost_runner_outcome(cause: str) -> Message:
+    """The outcome kept for a task the orphan check failed (`data.reason` "runner_lost")."""
+    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": cause, "data": {"reason": RUNNER_LOST}}}
 
 
 def outcome_cap(retention: RetentionConfig) -> int:

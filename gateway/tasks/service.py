@@ -17,16 +17,17 @@ import collections
 import dataclasses
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.config import ServerConfig, TasksConfig
+from gateway.events.log import StoreUnavailable
 from gateway.events.stream import parse_stream_params, plan_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
 from gateway.protocol.era import Era
-from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError
+from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, Unavailable
 from gateway.sessions import ResponseRoute, Session
 from gateway.tasks.hosted import HostedTasks, task_elsewhere
 from gateway.tasks.input import UpstreamCall, input_required
@@ -54,7 +55,7 @@ from gateway.tasks.policy import (
     who_hosts,
     with_task_support,
 )
-from gateway.tasks.registry import PendingRequest, Task, TaskLimitReached
+from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task, TaskLimitReached
 from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
@@ -80,6 +81,8 @@ class TaskService:
         self._events_enabled = events_enabled
         self.open_streams = 0
         """tasks/stream requests open on this gateway, bounded by `max_streams_total`."""
+        self.store_failed: Callable[[BaseException], None] | None = None
+        """Told each time a request finds the task store unusable (for /readyz)."""
         self.task_streams: collections.Counter[str] = collections.Counter()
         """Open tasks/stream requests per task id on this gateway, each bounded by `max_streams_per_task`
         (per process: a task's streams on other replicas are not counted)."""
@@ -119,7 +122,18 @@ class TaskService:
     # -- one classification per request ------------------------------------------------------------
 
     async def plan(self, call: TaskCall) -> Plan:
-        """What to do with `call`; raises ProtocolError for a request that gets an error."""
+        """What to do with `call`; raises ProtocolError for a request that gets an error (503
+        `store_unavailable` when it needs the task store and the store cannot be used now)."""
+        try:
+            return await self._plan(call)
+        except StoreUnavailable as error:
+            if self.store_failed is not None:
+                self.store_failed(error)
+            raise Unavailable(
+                STORE_UNAVAILABLE, "the task store cannot be used now", request_id=call.message.get("id")
+            ) from None
+
+    async def _plan(self, call: TaskCall) -> Plan:
         upstream_tasks = await self._upstream_has_tasks(call)
         hosting = not upstream_tasks or await self._gateway_hosts(call)
         if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
@@ -432,7 +446,12 @@ class TaskService:
             return task
 
         async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
-            task = await adopt(observed)
+            try:
+                task = await adopt(observed)
+            except StoreUnavailable:  # no task can hold the call: it ends here, and the client is told
+                await exchange.cancel()
+                what = "the task store cannot be used now"
+                return Unavailable(STORE_UNAVAILABLE, what, request_id=call.message["id"]).to_message()
             self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
             return self._hosted.created(call.caller, task, call.message["id"])
 
@@ -449,7 +468,10 @@ class TaskService:
             # came in; tasks made since may have filled it: answer as is.
             if input_required(final) or not room_for_task():
                 return final
-            task = await adopt(observed)
+            try:
+                task = await adopt(observed)
+            except StoreUnavailable:  # no task can be made now: the client gets the answer as it is
+                return final
             await self._hosted.finish(task, call.caller, final)
             return self._hosted.created(call.caller, task, call.message["id"])
 
