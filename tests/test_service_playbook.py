@@ -35,7 +35,7 @@ from gateway.edge.task_routes import stream_events
 from gateway.events.capture import RELATED_TASK_KEY, Capture
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, MODERN, declares_tasks_extension, dialect_of
+from gateway.protocol.dialect import LEGACY, MODERN, TASK_TOOL_KEY, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
 from gateway.replay import SessionStreams
@@ -487,7 +487,8 @@ async def test_tasks_list(gateway: Gateway) -> None:
         assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
     else:
         plan = await gateway.service.plan(call)
-        assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [LEGACY.task(task)]})
+        listed = {**LEGACY.task(task), "_meta": {TASK_TOOL_KEY: task.tool}}
+        assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [listed]})
     assert gateway.upstream.forwarded() == before
 
 

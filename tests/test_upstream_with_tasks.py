@@ -35,6 +35,7 @@ import pytest
 from gateway.client import GatewayClient
 from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
+from gateway.protocol.dialect import TASK_TOOL_KEY
 from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, stop_process, wait_for_port
 from tests.test_upstream_crash import descendants, kill_all
 from tests.wire import LEGACY, Client, Message
@@ -381,8 +382,11 @@ async def test_task_augmented_call_completes_like_direct(pair: Pair) -> None:
     assert body(gw["done"]) == body(direct["done"])
     assert [t["taskId"] for t in gw["listed"]["result"]["tasks"]] == [gw["task_id"]]
     # The list comes from the gateway's records (never the upstream's, which shows every caller of the
-    # gateway's upstream credential), and they hold what the upstream showed, but its `_meta`.
-    assert body(gw["listed"]) == {key: value for key, value in body(direct["listed"]).items() if key != "_meta"}
+    # gateway's upstream credential), and they hold what the upstream showed, but its `_meta`; each task's
+    # `_meta` names its tool instead.
+    listed = body(gw["listed"])
+    assert [task.pop("_meta") for task in listed["tasks"]] == [{TASK_TOOL_KEY: TOOL}]
+    assert listed == {key: value for key, value in body(direct["listed"]).items() if key != "_meta"}
 
     # The timeline: every status change the upstream pushed, in order, then the terminal event.
     events = await timeline(pair.url, gw["task_id"])
