@@ -2,11 +2,13 @@
 machine barely moves (unlike wall-clock latency), for comparing two builds side by side.
 
 Starts the example server over Streamable HTTP and a gateway in front of it, both from TREE (a checkout;
-run it once per tree, alternating), warms up, then sends N sequential `echo` calls with a raw aiohttp
-client in the given era and prints one JSON line: the gateway process's utime+stime per call and the
-wall-clock time per call.
+run it once per tree, alternating), warms up, then sends N sequential requests with a raw aiohttp
+client in the given era and prints one JSON line: the gateway process's utime+stime per request and the
+wall-clock time per request. `--method tools/call` forwards `echo` calls; `--method tasks/get` (2025-11-25
+only) asks for one finished gateway-hosted task (an `echo` call made a task with `params.task`), which
+the gateway answers itself from its task store.
 
-    python bench/gateway_cpu.py [--tree DIR] [--calls 2000] [--era modern|legacy]
+    python bench/gateway_cpu.py [--tree DIR] [--calls 2000] [--era modern|legacy] [--method tools/call|tasks/get]
 """
 
 from __future__ import annotations
@@ -62,25 +64,44 @@ async def session_headers(http: aiohttp.ClientSession, url: str, era: str) -> di
     return headers
 
 
-def echo_call(era: str) -> Callable[[int], dict[str, Any]]:
+def echo_call(era: str, task: bool = False) -> Callable[[int], dict[str, Any]]:
     params: dict[str, Any] = {"name": "echo", "arguments": {"text": "hi"}}
     if era == "modern":
         params["_meta"] = {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {},
         }
+    if task:
+        params["task"] = {"ttl": 600_000}
     return lambda request_id: {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
 
 
-async def drive(url: str, gateway_pid: int, calls: int, era: str) -> tuple[float, float]:
-    """Warm up, then time `calls` echo calls: the gateway's CPU seconds and the wall seconds they took."""
+def task_get(task_id: str) -> Callable[[int], dict[str, Any]]:
+    params = {"taskId": task_id}
+    return lambda request_id: {"jsonrpc": "2.0", "id": request_id, "method": "tasks/get", "params": params}
+
+
+async def finished_task(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> str:
+    """A gateway-hosted task made from one `echo` call, once it has completed: its id."""
+    async with http.post(url, json=echo_call("legacy", task=True)(-1), headers=headers) as response:
+        task_id: str = (await response.json())["result"]["task"]["taskId"]
+    for _ in range(100):
+        async with http.post(url, json=task_get(task_id)(-2), headers=headers) as response:
+            if (await response.json())["result"]["status"] == "completed":
+                return task_id
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"task {task_id} did not complete")
+
+
+async def drive(url: str, gateway_pid: int, calls: int, era: str, method: str) -> tuple[float, float]:
+    """Warm up, then time `calls` requests: the gateway's CPU seconds and the wall seconds they took."""
     async with aiohttp.ClientSession() as http:
-        body = echo_call(era)
+        body, expect = echo_call(era), '"hi"'
 
         async def call(request_id: int, headers: dict[str, str]) -> None:
             async with http.post(url, json=body(request_id), headers=headers) as response:
                 text = await response.text()
-                if '"hi"' not in text:
+                if expect not in text:
                     raise RuntimeError(text[:300])
 
         headers: dict[str, str] = {}
@@ -91,6 +112,10 @@ async def drive(url: str, gateway_pid: int, calls: int, era: str) -> tuple[float
                 break
             except (aiohttp.ClientError, RuntimeError, KeyError):
                 await asyncio.sleep(0.2)
+        if method == "tasks/get":
+            task_id = await finished_task(http, url, headers)
+            body = task_get(task_id)
+            expect = '"completed"'
         for request_id in range(1, 100):
             await call(request_id, headers)
         cpu_before, wall_before = cpu_seconds(gateway_pid), time.perf_counter()
@@ -99,7 +124,7 @@ async def drive(url: str, gateway_pid: int, calls: int, era: str) -> tuple[float
         return cpu_seconds(gateway_pid) - cpu_before, time.perf_counter() - wall_before
 
 
-def measure(tree: Path, calls: int, era: str) -> dict[str, Any]:
+def measure(tree: Path, calls: int, era: str, method: str) -> dict[str, Any]:
     upstream_port, gateway_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     quiet: dict[str, Any] = {"cwd": tree, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -110,7 +135,7 @@ def measure(tree: Path, calls: int, era: str) -> dict[str, Any]:
     serve = ["serve", "--listen", f"127.0.0.1:{gateway_port}", "--upstream-url", upstream_url]
     gateway = subprocess.Popen([sys.executable, "-m", "gateway", *serve], **quiet)
     try:
-        cpu_s, wall_s = asyncio.run(drive(f"http://127.0.0.1:{gateway_port}/mcp", gateway.pid, calls, era))
+        cpu_s, wall_s = asyncio.run(drive(f"http://127.0.0.1:{gateway_port}/mcp", gateway.pid, calls, era, method))
     finally:
         for process in (gateway, server):
             process.terminate()
@@ -119,6 +144,7 @@ def measure(tree: Path, calls: int, era: str) -> dict[str, Any]:
     return {
         "tree": str(tree),
         "era": era,
+        "method": method,
         "calls": calls,
         "gateway_cpu_ms_per_call": round(cpu_s * 1000 / calls, 4),
         "wall_ms_per_call": round(wall_s * 1000 / calls, 4),
@@ -130,8 +156,11 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
+    parser.add_argument("--method", choices=["tools/call", "tasks/get"], default="tools/call")
     args = parser.parse_args()
-    print(json.dumps(measure(args.tree.resolve(), args.calls, args.era)))
+    if args.method == "tasks/get" and args.era != "legacy":
+        parser.error("--method tasks/get needs --era legacy (a task made with params.task)")
+    print(json.dumps(measure(args.tree.resolve(), args.calls, args.era, args.method)))
 
 
 if __name__ == "__main__":
