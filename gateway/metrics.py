@@ -27,8 +27,10 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None
 
     def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
-        histogram = {"buckets": self.buckets} if self.buckets is not None else {}
-        return self.kind(self.name, self.help, self.labels, registry=registry, **histogram)
+        if self.kind is Histogram:
+            buckets = self.buckets or Histogram.DEFAULT_BUCKETS
+            return Histogram(self.name, self.help, self.labels, buckets=buckets, registry=registry)
+        return self.kind(self.name, self.help, self.labels, registry=registry)
 
 
 METRICS: tuple[MetricSpec, ...] = (
