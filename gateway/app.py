@@ -18,14 +18,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.assembly.auth import build_auth, endpoint_url
+from gateway.assembly.auth import build_auth
 from gateway.assembly.edge import CONNECTIONS, build_edge, request_context
 from gateway.assembly.health import build_health
 from gateway.assembly.metrics import METRICS, build_metrics
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
 from gateway.assembly.tasks import REGISTRY, build_tasks
-from gateway.assembly.upstream import build_budget, build_upstream, start_upstream
+from gateway.assembly.upstream import build_budget, start_upstream
 from gateway.config import Config, parse_listen, url_host
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
 from gateway.readiness import upstream_name
@@ -34,21 +34,8 @@ from gateway.upstream.base import Upstream
 
 log = logging.getLogger("gateway")
 
-__all__ = [
-    "CONNECTIONS",
-    "METRICS",
-    "REGISTRY",
-    "ListenError",
-    "Stores",
-    "bind_listeners",
-    "build_app",
-    "build_stores",
-    "build_upstream",
-    "describe_store",
-    "endpoint_url",
-    "request_context",
-    "serve",
-]
+# What embedding programs (bench/, the demo), the CLI and the tests import from here.
+__all__ = ["CONNECTIONS", "METRICS", "REGISTRY", "ListenError", "Stores", "build_app", "build_stores", "serve"]
 
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
@@ -59,11 +46,11 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     stores = open_stores(app, config, metrics)
     auth = build_auth(app, config, stores)
     budget = build_budget(config, metrics)
-    linked = start_upstream(app, config, metrics, budget, upstream)
-    sessions = build_sessions(app, config, linked, metrics, budget)
-    tasks = build_tasks(app, config, stores, linked, metrics)
-    build_edge(app, config, linked, sessions, tasks, auth, metrics, budget)
-    build_health(app, config, linked, stores, sessions, tasks, metrics)
+    link = start_upstream(app, config, metrics, budget, upstream)
+    sessions = build_sessions(app, config, link, metrics, budget)
+    tasks = build_tasks(app, config, stores, link, metrics)
+    build_edge(app, config, link, sessions, tasks, auth, metrics, budget)
+    build_health(app, config, link, stores, sessions, tasks, metrics)
     return app
 
 
