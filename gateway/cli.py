@@ -14,8 +14,9 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from pydantic import ValidationError
 
@@ -46,13 +47,22 @@ ANSWERS_HELP = (
 )
 
 
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""Where each subcommand adds its parser (`_parser`)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-task-gateway", description=__doc__.split("\n")[0], epilog="call, tasks and tail: " + EXIT_CODES
     )
     parser.add_argument("--version", action="version", version=f"mcp-task-gateway {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    for add_arguments, _ in SUBCOMMANDS.values():
+        add_arguments(commands)
+    return parser
 
+
+def _add_serve(commands: Subcommands) -> None:
     serve = commands.add_parser("serve", help="run the gateway in front of one MCP server")
     serve.add_argument("--config", metavar="PATH", help="TOML config file (see config/gateway.example.toml)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8765)")
@@ -73,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     upstream.add_argument("--upstream-cmd", metavar="'CMD ARGS...'", help="stdio upstream command line")
 
+
+def _add_check_config(commands: Subcommands) -> None:
     check = commands.add_parser(
         "check-config",
         help="validate a config file and exit",
@@ -85,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also open the configured store (creating a SQLite file); exit 1 if its server is down",
     )
 
+
+def _add_call(commands: Subcommands) -> None:
     call = commands.add_parser(
         "call",
         help="call a tool: print its result, or start it as a task (--task) and follow it (--follow)",
@@ -104,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--quiet", action="store_true", help="do not show progress and log messages on stderr")
     call.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
+
+def _add_tasks(commands: Subcommands) -> None:
     tasks = commands.add_parser(
         "tasks",
         help="list the tasks, or get, fetch the result of, or cancel one",
@@ -118,6 +134,8 @@ def _parser() -> argparse.ArgumentParser:
     tasks.add_argument("--answers", metavar="JSON", dest="answers_json", help="result: " + ANSWERS_HELP)
     tasks.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
+
+def _add_tools(commands: Subcommands) -> None:
     tools = commands.add_parser(
         "tools",
         help="list the tools: name, task support, description",
@@ -129,6 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     tools.add_argument("--json", action="store_true", help="print each tool as listed, one JSON object per line")
     tools.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
+
+def _add_tail(commands: Subcommands) -> None:
     tail = commands.add_parser(
         "tail",
         help="print a task's events as they arrive (tasks/stream), then exit with its outcome",
@@ -145,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     tail.add_argument("--era", choices=["legacy", "modern"], default="legacy", help=ERA_HELP)
     tail.add_argument("--header", metavar="'K: V'", action="append", default=[], help=HEADER_HELP)
 
+
+def _add_conformance(commands: Subcommands) -> None:
     kit = commands.add_parser(
         "conformance",
         help="check any Streamable HTTP MCP server or gateway against SEP-2694 (tasks/stream), rule by rule",
@@ -177,6 +199,8 @@ def _parser() -> argparse.ArgumentParser:
     kit.add_argument("--json", metavar="FILE", dest="json_path", help="write the results as JSON")
     kit.add_argument("--junit", metavar="FILE", dest="junit_path", help="write the results as JUnit XML")
 
+
+def _add_demo(commands: Subcommands) -> None:
     demo = commands.add_parser(
         "demo", help="run the example server behind an in-process gateway and show tasks/stream end to end"
     )
@@ -184,7 +208,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--upstream-cmd", metavar="'CMD ARGS...'", help="the stdio upstream (default: examples/build_server.py)"
     )
-    return parser
 
 
 def _seq(value: str) -> int:
@@ -298,71 +321,98 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_check_config(args: argparse.Namespace) -> int:
+    config = in_data_dir(load_config(args.path))
+    if args.connect:
+        return _check_store(args.path, config)
+    print(f"{args.path}: ok")
+    return 0
+
+
+def _run_tail(args: argparse.Namespace) -> int:
+    from gateway.client import tail
+
+    return tail.main(args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era, headers=args.header)
+
+
+def _run_call(args: argparse.Namespace) -> int:
+    from gateway.client import commands
+
+    return commands.main_call(
+        args.url,
+        args.tool,
+        args.args_json,
+        task=args.task,
+        follow=args.follow,
+        era=args.era,
+        json_out=args.json,
+        headers=args.header,
+        quiet=args.quiet,
+        answers_json=args.answers_json,
+    )
+
+
+def _run_tasks(args: argparse.Namespace) -> int:
+    from gateway.client import commands
+
+    return commands.main_tasks(
+        args.url,
+        args.action,
+        args.task_id,
+        era=args.era,
+        json_out=args.json,
+        headers=args.header,
+        answers_json=args.answers_json,
+    )
+
+
+def _run_tools(args: argparse.Namespace) -> int:
+    from gateway.client import commands
+
+    return commands.main_tools(args.url, era=args.era, json_out=args.json, headers=args.header)
+
+
+def _run_conformance(args: argparse.Namespace) -> int:
+    from gateway.conformance import command
+
+    return command.main(
+        args.url,
+        era=args.era,
+        tool=args.tool,
+        args_json=args.args_json,
+        headers=args.header,
+        other_headers=args.other_header,
+        timeout=args.timeout,
+        json_path=args.json_path,
+        junit_path=args.junit_path,
+    )
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from gateway.client import demo
+
+    return demo.main(keep=args.keep, upstream_cmd=args.upstream_cmd)
+
+
+SUBCOMMANDS: dict[str, tuple[Callable[[Subcommands], None], Callable[[argparse.Namespace], int]]] = {
+    "serve": (_add_serve, _serve),
+    "check-config": (_add_check_config, _run_check_config),
+    "call": (_add_call, _run_call),
+    "tasks": (_add_tasks, _run_tasks),
+    "tools": (_add_tools, _run_tools),
+    "tail": (_add_tail, _run_tail),
+    "conformance": (_add_conformance, _run_conformance),
+    "demo": (_add_demo, _run_demo),
+}
+"""Each subcommand, in the order `--help` lists them: how its arguments are parsed, and what runs it.
+The client commands import their modules only when run, so `tail` and `call` start light."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _, run = SUBCOMMANDS[args.command]
     try:
-        if args.command == "check-config":
-            config = in_data_dir(load_config(args.path))
-            if args.connect:
-                return _check_store(args.path, config)
-            print(f"{args.path}: ok")
-            return 0
-        if args.command == "tail":
-            from gateway.client import tail
-
-            return tail.main(
-                args.url, args.task_id, after=args.after, json_lines=args.json, era=args.era, headers=args.header
-            )
-        if args.command == "call":
-            from gateway.client import commands
-
-            return commands.main_call(
-                args.url,
-                args.tool,
-                args.args_json,
-                task=args.task,
-                follow=args.follow,
-                era=args.era,
-                json_out=args.json,
-                headers=args.header,
-                quiet=args.quiet,
-                answers_json=args.answers_json,
-            )
-        if args.command == "tasks":
-            from gateway.client import commands
-
-            return commands.main_tasks(
-                args.url,
-                args.action,
-                args.task_id,
-                era=args.era,
-                json_out=args.json,
-                headers=args.header,
-                answers_json=args.answers_json,
-            )
-        if args.command == "tools":
-            from gateway.client import commands
-
-            return commands.main_tools(args.url, era=args.era, json_out=args.json, headers=args.header)
-        if args.command == "conformance":
-            from gateway.conformance import command
-
-            return command.main(
-                args.url,
-                era=args.era,
-                tool=args.tool,
-                args_json=args.args_json,
-                headers=args.header,
-                other_headers=args.other_header,
-                timeout=args.timeout,
-                json_path=args.json_path,
-                junit_path=args.junit_path,
-            )
-        if args.command == "demo":
-            from gateway.client import demo
-
-            return demo.main(keep=args.keep, upstream_cmd=args.upstream_cmd)
-        return _serve(args)
+        return run(args)
     except (ConfigError, StoreUnavailable) as exc:
         print(f"mcp-task-gateway: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,13 @@
-"""Prometheus metrics of one gateway instance, on its own registry (so tests can run several gateways)."""
+"""Prometheus metrics of one gateway instance, on its own registry (so tests can run several gateways).
+
+Every metric is one row of `METRICS` (attribute, kind, exported name, help, labels, buckets); `Metrics`
+builds them all on its registry and carries each as the attribute its row names, typed by the class
+annotations below. A new metric is a row and an annotation.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -9,189 +15,269 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric: the `Metrics` attribute that carries it, its kind, and what the exposition shows."""
+
+    attribute: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+
+    def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.kind is Histogram:
+            buckets = self.buckets or Histogram.DEFAULT_BUCKETS
+            return Histogram(self.name, self.help, self.labels, buckets=buckets, registry=registry)
+        return self.kind(self.name, self.help, self.labels, registry=registry)
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "requests",
+        Counter,
+        "mcp_gateway_requests",
+        "Client JSON-RPC requests by method and outcome (ok, error, cancelled, disconnected, rejected)",
+        ("method", "outcome"),
+    ),
+    MetricSpec(
+        "rejected_requests",
+        Counter,
+        "mcp_gateway_rejected_requests",
+        "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP parser), "
+        "host, origin, content_type, accept, body_too_large, parse_error, invalid_request (including too "
+        "deep), invalid_params, header_mismatch, unsupported_version, not_found, http_method, conflict, "
+        "body_timeout (a body slower than min_body_rate_bytes_s), unavailable, upstream_timeout, unknown_task"
+        " (a task id that is unknown or another caller's); with [auth]: unauthorized, invalid_token, "
+        "invalid_request (a credential in the URL), insufficient_scope, claim_mismatch, rate_limited, "
+        "tool_rate_limited, lookup_budget, max_streams",
+        ("reason",),
+    ),
+    MetricSpec(
+        "connections",
+        Gauge,
+        "mcp_gateway_connections",
+        "Client connections held (against [server] max_connections)",
+    ),
+    MetricSpec(
+        "accept_errors",
+        Counter,
+        "mcp_gateway_accept_errors",
+        "Client connections the gateway could not accept (out of file descriptors or memory)",
+    ),
+    MetricSpec(
+        "notifications_forwarded",
+        Counter,
+        "mcp_gateway_notifications_forwarded",
+        "Upstream notifications delivered to clients, by method",
+        ("method",),
+    ),
+    MetricSpec(
+        "notifications_undelivered",
+        Counter,
+        "mcp_gateway_notifications_undelivered",
+        "Upstream messages tied to no request that no client was listening for, by method and reason: "
+        "no_get_stream (a legacy session without its GET stream open), session_closed (the session has "
+        "ended), no_session (an upstream conversation no client session owns). Not a loss of task events: "
+        "those are recorded in the task's event log before delivery is tried.",
+        ("method", "reason"),
+    ),
+    MetricSpec(
+        "upstream_restarts",
+        Counter,
+        "mcp_gateway_upstream_restarts",
+        "Upstream stdio processes that exited unexpectedly",
+    ),
+    MetricSpec("upstream_processes", Gauge, "mcp_gateway_upstream_processes", "Running upstream stdio processes"),
+    MetricSpec(
+        "upstream_ready",
+        Gauge,
+        "mcp_gateway_upstream_ready",
+        "1 while the upstream is usable (/readyz answers 200), else 0",
+    ),
+    MetricSpec(
+        "upstream_checks",
+        Counter,
+        "mcp_gateway_upstream_checks",
+        "Readiness checks of the upstream (a fresh conversation's initialize), by outcome: usable, unusable",
+        ("outcome",),
+    ),
+    MetricSpec(
+        "upstream_task_polls",
+        Counter,
+        "mcp_gateway_upstream_task_polls",
+        "tasks/get requests the gateway sent on its own to observe tasks the upstream hosts",
+    ),
+    MetricSpec(
+        "upstream_tasks",
+        Gauge,
+        "mcp_gateway_upstream_tasks",
+        "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
+    ),
+    MetricSpec(
+        "kept_result_bytes",
+        Gauge,
+        "mcp_gateway_kept_result_bytes",
+        "Bytes of task results (or errors) the task records keep, at most [retention] results_budget_bytes",
+    ),
+    MetricSpec(
+        "results_dropped",
+        Counter,
+        "mcp_gateway_results_dropped",
+        "Task results the gateway did not keep, by reason: result_too_large (over max_result_bytes), "
+        "result_evicted (the oldest, evicted to keep newer ones within results_budget_bytes)",
+        ("reason",),
+    ),
+    MetricSpec(
+        "store_outages",
+        Counter,
+        "mcp_gateway_store_outages",
+        "Times the store stopped taking writes (an unreachable server, a full disk, an I/O error); the writes"
+        " of running tasks are held meanwhile",
+    ),
+    MetricSpec(
+        "held_write_bytes",
+        Gauge,
+        "mcp_gateway_held_write_bytes",
+        "Bytes of task writes held while the store cannot take them, at most [store] outage_buffer_bytes",
+    ),
+    MetricSpec(
+        "tasks_failed",
+        Counter,
+        "mcp_gateway_tasks_failed_by_gateway",
+        "Tasks the gateway itself failed, by reason: store_unavailable (their writes could not be held until "
+        "the store came back), runner_lost (no live runner), owner_lost (taken over)",
+        ("reason",),
+    ),
+    MetricSpec(
+        "store_resets",
+        Counter,
+        "mcp_gateway_store_resets",
+        "Times the store's data set was found replaced (a Redis restarted empty, flushed, or failed over to "
+        "an empty replica): the open streams of its tasks ended with store_reset",
+    ),
+    MetricSpec(
+        "request_timeouts",
+        Counter,
+        "mcp_gateway_request_timeouts",
+        "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
+        "each was answered with an error and cancelled upstream",
+        ("method",),
+    ),
+    MetricSpec(
+        "upstream_oversized_lines",
+        Counter,
+        "mcp_gateway_upstream_oversized_lines",
+        "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed"
+        " (a response whose request got an error instead), dropped (nothing to attribute it to: a "
+        "notification, a server request, or a response whose id was not found)",
+        ("outcome",),
+    ),
+    MetricSpec("open_streams", Gauge, "mcp_gateway_open_streams", "Open client SSE streams"),
+    MetricSpec(
+        "buffered_bytes",
+        Gauge,
+        "mcp_gateway_buffered_bytes",
+        "Bytes of upstream messages queued for clients, being written to them or kept for a resume, in every stream",
+    ),
+    MetricSpec(
+        "messages_dropped",
+        Counter,
+        "mcp_gateway_messages_dropped",
+        "Upstream messages discarded, unwritten, because the client of their request or GET stream went away "
+        "or was cut (legacy calls run on without their client; counted once no longer kept for a resume)",
+    ),
+    MetricSpec(
+        "slow_clients",
+        Counter,
+        "mcp_gateway_slow_clients",
+        "Client responses cut because one write did not complete within the write timeout",
+    ),
+    MetricSpec("sessions", Gauge, "mcp_gateway_sessions", "Open legacy client sessions"),
+    MetricSpec(
+        "sessions_expired",
+        Counter,
+        "mcp_gateway_sessions_expired",
+        "Legacy sessions the gateway closed on its own, by reason: handshake (no request after initialize "
+        "within session_handshake_timeout_s), idle (session_idle_timeout_s)",
+        ("reason",),
+    ),
+    MetricSpec(
+        "sessions_parked",
+        Counter,
+        "mcp_gateway_sessions_parked",
+        "Times an idle legacy session gave its stdio process back (session_process_idle_s); its next request "
+        "starts a process and replays the handshake",
+    ),
+    MetricSpec("tasks", Gauge, "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)"),
+    MetricSpec("task_streams", Gauge, "mcp_gateway_task_streams", "Open tasks/stream requests"),
+    MetricSpec(
+        "rejected",
+        Counter,
+        "mcp_gateway_rejected",
+        "Requests refused with 503 + Retry-After because a ceiling (or the buffered-bytes budget) was "
+        "reached, by its config key",
+        ("limit",),
+    ),
+    MetricSpec(
+        "limits",
+        Gauge,
+        "mcp_gateway_limit",
+        "Configured ceilings, by config key: compare with the gauges of current use",
+        ("limit",),
+    ),
+    MetricSpec(
+        "latency",
+        Histogram,
+        "mcp_gateway_request_seconds",
+        "Time from receiving a client request to sending its response, by method",
+        ("method",),
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    ),
+)
+"""Every metric, in exposition order."""
+
+
 class Metrics:
+    requests: Counter
+    rejected_requests: Counter
+    connections: Gauge
+    accept_errors: Counter
+    notifications_forwarded: Counter
+    notifications_undelivered: Counter
+    upstream_restarts: Counter
+    upstream_processes: Gauge
+    upstream_ready: Gauge
+    upstream_checks: Counter
+    upstream_task_polls: Counter
+    upstream_tasks: Gauge
+    kept_result_bytes: Gauge
+    results_dropped: Counter
+    store_outages: Counter
+    held_write_bytes: Gauge
+    tasks_failed: Counter
+    store_resets: Counter
+    request_timeouts: Counter
+    upstream_oversized_lines: Counter
+    open_streams: Gauge
+    buffered_bytes: Gauge
+    messages_dropped: Counter
+    slow_clients: Counter
+    sessions: Gauge
+    sessions_expired: Counter
+    sessions_parked: Counter
+    tasks: Gauge
+    task_streams: Gauge
+    rejected: Counter
+    limits: Gauge
+    latency: Histogram
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "mcp_gateway_requests",
-            "Client JSON-RPC requests by method and outcome (ok, error, cancelled, disconnected, rejected)",
-            ["method", "outcome"],
-            registry=self.registry,
-        )
-        self.rejected_requests = Counter(
-            "mcp_gateway_rejected_requests",
-            "HTTP requests the gateway refused, by reason: framing (malformed HTTP, refused by the HTTP "
-            "parser), host, origin, content_type, accept, body_too_large, parse_error, invalid_request "
-            "(including too deep), invalid_params, header_mismatch, unsupported_version, not_found, "
-            "http_method, conflict, body_timeout (a body slower than min_body_rate_bytes_s), unavailable, "
-            "upstream_timeout, unknown_task (a task id that is unknown or "
-            "another caller's); with [auth]: unauthorized, invalid_token, invalid_request (a credential in the "
-            "URL), insufficient_scope, claim_mismatch, rate_limited, tool_rate_limited, lookup_budget, max_streams",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.connections = Gauge(
-            "mcp_gateway_connections",
-            "Client connections held (against [server] max_connections)",
-            registry=self.registry,
-        )
-        self.accept_errors = Counter(
-            "mcp_gateway_accept_errors",
-            "Client connections the gateway could not accept (out of file descriptors or memory)",
-            registry=self.registry,
-        )
-        self.notifications_forwarded = Counter(
-            "mcp_gateway_notifications_forwarded",
-            "Upstream notifications delivered to clients, by method",
-            ["method"],
-            registry=self.registry,
-        )
+        for spec in METRICS:
+            setattr(self, spec.attribute, spec.build(self.registry))
         self._forwarded_children: dict[str, Any] = {}
-        self.notifications_undelivered = Counter(
-            "mcp_gateway_notifications_undelivered",
-            "Upstream messages tied to no request that no client was listening for, by method and reason: "
-            "no_get_stream (a legacy session without its GET stream open), session_closed (the session has "
-            "ended), no_session (an upstream conversation no client session owns). Not a loss of task "
-            "events: those are recorded in the task's event log before delivery is tried.",
-            ["method", "reason"],
-            registry=self.registry,
-        )
-        self.upstream_restarts = Counter(
-            "mcp_gateway_upstream_restarts",
-            "Upstream stdio processes that exited unexpectedly",
-            registry=self.registry,
-        )
-        self.upstream_processes = Gauge(
-            "mcp_gateway_upstream_processes", "Running upstream stdio processes", registry=self.registry
-        )
-        self.upstream_ready = Gauge(
-            "mcp_gateway_upstream_ready",
-            "1 while the upstream is usable (/readyz answers 200), else 0",
-            registry=self.registry,
-        )
-        self.upstream_checks = Counter(
-            "mcp_gateway_upstream_checks",
-            "Readiness checks of the upstream (a fresh conversation's initialize), by outcome: usable, unusable",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.upstream_task_polls = Counter(
-            "mcp_gateway_upstream_task_polls",
-            "tasks/get requests the gateway sent on its own to observe tasks the upstream hosts",
-            registry=self.registry,
-        )
-        self.upstream_tasks = Gauge(
-            "mcp_gateway_upstream_tasks",
-            "Tasks the upstream hosts that the gateway is watching (not yet terminal)",
-            registry=self.registry,
-        )
-        self.kept_result_bytes = Gauge(
-            "mcp_gateway_kept_result_bytes",
-            "Bytes of task results (or errors) the task records keep, at most [retention] results_budget_bytes",
-            registry=self.registry,
-        )
-        self.results_dropped = Counter(
-            "mcp_gateway_results_dropped",
-            "Task results the gateway did not keep, by reason: result_too_large (over max_result_bytes), "
-            "result_evicted (the oldest, evicted to keep newer ones within results_budget_bytes)",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.store_outages = Counter(
-            "mcp_gateway_store_outages",
-            "Times the store stopped taking writes (an unreachable server, a full disk, an I/O error); "
-            "the writes of running tasks are held meanwhile",
-            registry=self.registry,
-        )
-        self.held_write_bytes = Gauge(
-            "mcp_gateway_held_write_bytes",
-            "Bytes of task writes held while the store cannot take them, at most [store] outage_buffer_bytes",
-            registry=self.registry,
-        )
-        self.tasks_failed = Counter(
-            "mcp_gateway_tasks_failed_by_gateway",
-            "Tasks the gateway itself failed, by reason: store_unavailable (their writes could not be held "
-            "until the store came back), runner_lost (no live runner), owner_lost (taken over)",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.store_resets = Counter(
-            "mcp_gateway_store_resets",
-            "Times the store's data set was found replaced (a Redis restarted empty, flushed, or failed over "
-            "to an empty replica): the open streams of its tasks ended with store_reset",
-            registry=self.registry,
-        )
-        self.request_timeouts = Counter(
-            "mcp_gateway_request_timeouts",
-            "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
-            "each was answered with an error and cancelled upstream",
-            ["method"],
-            registry=self.registry,
-        )
-        self.upstream_oversized_lines = Counter(
-            "mcp_gateway_upstream_oversized_lines",
-            "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed "
-            "(a response whose request got an error instead), dropped (nothing to attribute it to: a notification, "
-            "a server request, or a response whose id was not found)",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.open_streams = Gauge("mcp_gateway_open_streams", "Open client SSE streams", registry=self.registry)
-        self.buffered_bytes = Gauge(
-            "mcp_gateway_buffered_bytes",
-            "Bytes of upstream messages queued for clients, being written to them or kept for a resume, in every "
-            "stream",
-            registry=self.registry,
-        )
-        self.messages_dropped = Counter(
-            "mcp_gateway_messages_dropped",
-            "Upstream messages discarded, unwritten, because the client of their request or GET stream went away "
-            "or was cut (legacy calls run on without their client; counted once no longer kept for a resume)",
-            registry=self.registry,
-        )
-        self.slow_clients = Counter(
-            "mcp_gateway_slow_clients",
-            "Client responses cut because one write did not complete within the write timeout",
-            registry=self.registry,
-        )
-        self.sessions = Gauge("mcp_gateway_sessions", "Open legacy client sessions", registry=self.registry)
-        self.sessions_expired = Counter(
-            "mcp_gateway_sessions_expired",
-            "Legacy sessions the gateway closed on its own, by reason: handshake (no request after "
-            "initialize within session_handshake_timeout_s), idle (session_idle_timeout_s)",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.sessions_parked = Counter(
-            "mcp_gateway_sessions_parked",
-            "Times an idle legacy session gave its stdio process back (session_process_idle_s); its next "
-            "request starts a process and replays the handshake",
-            registry=self.registry,
-        )
-        self.tasks = Gauge(
-            "mcp_gateway_tasks", "Tasks the gateway holds (terminal ones until they expire)", registry=self.registry
-        )
-        self.task_streams = Gauge("mcp_gateway_task_streams", "Open tasks/stream requests", registry=self.registry)
-        self.rejected = Counter(
-            "mcp_gateway_rejected",
-            "Requests refused with 503 + Retry-After because a ceiling (or the buffered-bytes budget) was reached, "
-            "by its config key",
-            ["limit"],
-            registry=self.registry,
-        )
-        self.limits = Gauge(
-            "mcp_gateway_limit",
-            "Configured ceilings, by config key: compare with the gauges of current use",
-            ["limit"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "mcp_gateway_request_seconds",
-            "Time from receiving a client request to sending its response, by method",
-            ["method"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=self.registry,
-        )
 
     def count_forwarded(self, method: str) -> None:
         """Count one forwarded notification; label children are cached (this runs once per message)."""

@@ -22,10 +22,11 @@ import logging
 import math
 import shlex
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from gateway.config import ReadinessConfig, UpstreamConfig
 from gateway.metrics import Metrics
@@ -85,8 +86,31 @@ def upstream_name(config: UpstreamConfig) -> str:
     return str(config.url)
 
 
-class Readiness:
+class BackgroundLoop(ABC):
+    """A check that runs as one background task of its own: `start` runs `_run`, `stop` cancels it and
+    waits until it has ended."""
+
+    loop_name: ClassVar[str]
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self.loop_name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @abstractmethod
+    async def _run(self) -> None: ...
+
+
+class Readiness(BackgroundLoop):
     """The upstream's usability, checked in the background (`start`/`stop`) and read by /readyz (`state`)."""
+
+    loop_name = "readiness"
 
     def __init__(
         self, upstream: Upstream, name: str, config: ReadinessConfig, check_timeout_s: float, metrics: Metrics
@@ -98,22 +122,11 @@ class Readiness:
         self._metrics = metrics
         self._state = UpstreamState("starting", "the first check of the upstream has not finished", time.time())
         self._suspect = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         upstream.on_failure(self._on_traffic_failure)
 
     @property
     def state(self) -> UpstreamState:
         return self._state
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="readiness")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     def _on_traffic_failure(self, cause: str) -> None:
         self._suspect.set()
@@ -176,10 +189,12 @@ STORE_FAILURE_MEMORY_S = 5.0
 failure (a disk that takes no writes still answers reads)."""
 
 
-class StoreHealth:
+class StoreHealth(BackgroundLoop):
     """Whether the task store can be used, for /readyz: down while the running tasks' writes are held
     (`writes_held`), while the last probe (one read, every `STORE_PROBE_S`) failed, and for
     `STORE_FAILURE_MEMORY_S` after a request found it unusable (`failed`)."""
+
+    loop_name = "store-health"
 
     def __init__(self, probe: Callable[[], Awaitable[object]], writes_held: Callable[[], bool]) -> None:
         self._probe = probe
@@ -187,7 +202,6 @@ class StoreHealth:
         self._probe_error: str | None = None
         self._failed_at = -math.inf
         self._failure: str | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def failed(self, error: BaseException) -> None:
         """A request could not use the store."""
@@ -204,16 +218,6 @@ class StoreHealth:
         if time.monotonic() - self._failed_at < STORE_FAILURE_MEMORY_S:
             return f"the task store failed a request: {self._failure}"
         return None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="store-health")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -1,0 +1,15 @@
+"""The gateway's parts, built feature by feature for `gateway.app.build_app`.
+
+One module per feature; each builder constructs its feature's parts, adds its routes, and registers
+its own start and stop as an aiohttp cleanup context (started in the order the builders are called,
+stopped in reverse). `build_app` calls them in this order, which is the start-up order:
+
+- `metrics`: the `Metrics`, the configured ceilings, and /metrics (on its own listener, first of all);
+- `stores`: the task store and event log `[store] kind` names (opened first, closed last);
+- `auth`: client authentication (`EdgeAuth`, the OAuth token validator) and the principal key;
+- `upstream`: the upstream link and the budget of bytes buffered for clients;
+- `sessions`: the legacy client sessions;
+- `tasks`: the task registry, hosted and pass-through tasks, owner leases and the task service;
+- `edge`: the MCP endpoint, the HTTP request context, the connection count;
+- `health`: readiness, the store's health, /healthz and /readyz (serving once everything has started).
+"""

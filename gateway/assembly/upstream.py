@@ -1,0 +1,55 @@
+"""Builds the upstream link (`[upstream]` url: Streamable HTTP, or command: stdio) and the budget of
+upstream bytes buffered for clients that it, the sessions and the edge share. The link is started
+after the stores are open and closed after the sessions and tasks that use it have stopped."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from gateway.buffers import BufferBudget
+from gateway.config import Config
+from gateway.deadlines import RequestDeadlines
+from gateway.metrics import Metrics
+from gateway.upstream.base import Upstream
+from gateway.upstream.credentials import ClientCredentials
+from gateway.upstream.http import HttpUpstream
+from gateway.upstream.stdio import StdioUpstream
+
+
+def build_budget(config: Config, metrics: Metrics) -> BufferBudget:
+    return BufferBudget(
+        stream_messages=config.server.exchange_capacity,
+        stream_bytes=config.server.stream_buffer_bytes,
+        budget_bytes=config.server.buffered_bytes_budget,
+        metrics=metrics,
+    )
+
+
+def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Upstream:
+    upstream = config.upstream
+    deadlines = RequestDeadlines(upstream, config.tasks, metrics)
+    if upstream.url:
+        credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials)
+    if upstream.command:
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
+    raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
+
+
+def start_upstream(
+    app: web.Application, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
+) -> Upstream:
+    """`given`, or the upstream `[upstream]` configures, started with the app and closed when it stops."""
+    upstream = given or build_upstream(config, metrics, budget)
+    if isinstance(upstream, StdioUpstream):
+        metrics.limits.labels(limit="upstream.stdio.max_processes").set(config.upstream.stdio.max_processes)
+
+    async def running(_: web.Application) -> AsyncIterator[None]:
+        await upstream.start()
+        yield
+        await upstream.close()
+
+    app.cleanup_ctx.append(running)
+    return upstream

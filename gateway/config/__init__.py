@@ -1,0 +1,81 @@
+"""The gateway's configuration: pydantic models for the TOML file, one module per section. Defaults live
+in the section modules.
+
+Every key is documented with a comment in `config/gateway.example.toml`. Unknown keys are refused so a
+typo never silently falls back to a default. Import from here (`from gateway.config import Config`): the
+package re-exports every public name of its modules.
+"""
+
+from gateway.config.auth import (
+    ApiKey,
+    AuthConfig,
+    AuthLimits,
+    AuthMode,
+    AuthRule,
+    ClaimValue,
+    IntrospectionConfig,
+    JwtConfig,
+    check_claims,
+)
+from gateway.config.events import CaptureRule, EventsConfig, default_rules
+from gateway.config.file import Config, ConfigError, describe_errors, load_config, unknown_key
+from gateway.config.listen import parse_listen, url_host
+from gateway.config.logging import LoggingConfig
+from gateway.config.retention import RetentionConfig
+from gateway.config.section import MiB
+from gateway.config.server import ResumeConfig, ServerConfig
+from gateway.config.store import StoreConfig
+from gateway.config.tasks import (
+    MODERN_FOR_TASK_SUPPORT,
+    UNMATCHED_TOOL,
+    ModernTasks,
+    TasksConfig,
+    TaskSupport,
+    ToolTaskPolicy,
+)
+from gateway.config.upstream import (
+    HttpUpstreamConfig,
+    ReadinessConfig,
+    StdioConfig,
+    UpstreamAuthConfig,
+    UpstreamConfig,
+)
+
+__all__ = [
+    "MODERN_FOR_TASK_SUPPORT",
+    "UNMATCHED_TOOL",
+    "ApiKey",
+    "AuthConfig",
+    "AuthLimits",
+    "AuthMode",
+    "AuthRule",
+    "CaptureRule",
+    "ClaimValue",
+    "Config",
+    "ConfigError",
+    "EventsConfig",
+    "HttpUpstreamConfig",
+    "IntrospectionConfig",
+    "JwtConfig",
+    "LoggingConfig",
+    "MiB",
+    "ModernTasks",
+    "ReadinessConfig",
+    "ResumeConfig",
+    "RetentionConfig",
+    "ServerConfig",
+    "StdioConfig",
+    "StoreConfig",
+    "TaskSupport",
+    "TasksConfig",
+    "ToolTaskPolicy",
+    "UpstreamAuthConfig",
+    "UpstreamConfig",
+    "check_claims",
+    "default_rules",
+    "describe_errors",
+    "load_config",
+    "parse_listen",
+    "unknown_key",
+    "url_host",
+]

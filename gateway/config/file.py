@@ -1,0 +1,87 @@
+"""The config file as a whole: the top-level `Config` of every section, reading and validating a TOML file,
+and the one-line error that names the bad key (with the closest known key for a typo)."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import get_args, get_origin
+
+from pydantic import BaseModel, Field, ValidationError
+
+from gateway.config.auth import AuthConfig
+from gateway.config.events import CaptureRule, EventsConfig, default_rules
+from gateway.config.logging import LoggingConfig
+from gateway.config.retention import RetentionConfig
+from gateway.config.section import Section
+from gateway.config.server import ServerConfig
+from gateway.config.store import StoreConfig
+from gateway.config.tasks import TasksConfig
+from gateway.config.upstream import UpstreamConfig
+
+
+class Config(Section):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    rules: list[CaptureRule] = Field(default_factory=default_rules)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the key and the reason."""
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate a TOML config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as file:
+            raw = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {describe_errors(exc)}") from None
+
+
+def describe_errors(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        reason = unknown_key(error["loc"]) if error["type"] == "extra_forbidden" else error["msg"]
+        parts.append(f"{key}: {reason}")
+    return "; ".join(parts)
+
+
+def unknown_key(loc: tuple[int | str, ...]) -> str:
+    """The reason for an unknown key: with the closest key of its section when one is close (a typo)."""
+    section: type[BaseModel] | None = Config
+    for part in loc[:-1]:  # down the sections the key sits in; a list's index stays in the same model
+        if section is None or isinstance(part, int):
+            continue
+        field = section.model_fields.get(part)
+        section = _model_in(field.annotation) if field is not None else None
+    if section is None:
+        return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), list(section.model_fields), n=1)
+    return f"unknown key (did you mean `{close[0]}`?)" if close else "unknown key"
+
+
+def _model_in(annotation: object) -> type[BaseModel] | None:
+    """The section model a field holds: itself, or the item of a list of them (None for plain values)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is list:
+        (item,) = get_args(annotation)
+        return _model_in(item)
+    return None

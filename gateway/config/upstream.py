@@ -1,0 +1,94 @@
+"""`[upstream]`: the one MCP server behind the gateway, over stdio (`[upstream.stdio]`) or HTTP
+(`[upstream.http]`, `[upstream.auth]`), and how its readiness is checked (`[upstream.readiness]`)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway.config.section import MiB, Section
+
+
+class StdioConfig(Section):
+    max_processes: int = Field(default=32, gt=0)
+    idle_processes: int = Field(default=2, ge=0)
+    acquire_timeout_s: float = Field(default=10.0, gt=0)
+    line_limit_bytes: int = Field(default=64 * MiB, ge=64 * 1024)
+    shutdown_timeout_s: float = Field(default=2.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class HttpUpstreamConfig(Section):
+    headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_reconnects: int = Field(default=2, ge=0)
+    max_connections: int = Field(default=100, gt=0)
+
+
+class ReadinessConfig(Section):
+    """How the upstream's usability (/readyz) is checked: backoff while unusable, re-checks while usable."""
+
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+    recheck_interval_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _retry_order(self) -> ReadinessConfig:
+        if self.retry_initial_s > self.retry_max_s:
+            raise ValueError("retry_initial_s must not exceed retry_max_s")
+        return self
+
+
+class UpstreamAuthConfig(Section):
+    """The gateway's own credential towards an HTTP upstream (never a client's)."""
+
+    mode: Literal["none", "client_credentials"] = "none"
+    token_url: str = ""
+    """The authorization server's token endpoint."""
+    client_id: str = ""
+    client_secret_env: str = ""
+    """The name of the environment variable holding the client secret."""
+    scope: str = ""
+    resource: str = ""
+    """The RFC 8707 resource the token is asked for; empty: the upstream's URL."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> UpstreamAuthConfig:
+        if self.mode == "client_credentials" and not (self.token_url and self.client_id and self.client_secret_env):
+            raise ValueError('mode = "client_credentials" needs token_url, client_id and client_secret_env')
+        return self
+
+
+class UpstreamConfig(Section):
+    url: str | None = None
+    command: list[str] | None = None
+    request_timeout_s: float = Field(default=300.0, ge=0)
+    """How long the upstream may take to answer a forwarded request before the gateway answers it with
+    an error and cancels it upstream (0: no deadline). A `[[tasks.tools]]` entry may override it."""
+    stdio: StdioConfig = Field(default_factory=StdioConfig)
+    http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
+    readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+    auth: UpstreamAuthConfig = Field(default_factory=UpstreamAuthConfig)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: object) -> object:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> UpstreamConfig:
+        if self.url and self.command:
+            raise ValueError("set either 'url' or 'command', not both")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' must not be empty")
+        return self
