@@ -26,10 +26,10 @@ import aiohttp
 import orjson
 
 from gateway import __version__
-from gateway.events.capture import RECORDED_AT_KEY
 from gateway.protocol.envelope import NAME_PARAM
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
-from gateway.sse import SseError, SseParser
+from gateway.protocol.names import RECORDED_AT_KEY
+from gateway.protocol.sse import SseError, SseParser
 
 EraName = Literal["legacy", "modern"]
 Message = dict[str, Any]
