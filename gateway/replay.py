@@ -24,11 +24,10 @@ from typing import Any
 
 import orjson
 
-from gateway import sse
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
 from gateway.events.stream import EVENTS_GONE
-from gateway.protocol import jsonrpc
+from gateway.protocol import jsonrpc, sse
 from gateway.protocol.jsonrpc import Message, ProtocolError
 
 log = logging.getLogger("gateway.replay")

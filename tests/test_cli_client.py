@@ -30,6 +30,7 @@ from gateway.client.elicit import field_value
 from gateway.client.progress import ProgressDisplay
 from gateway.client.stream import suggest_endpoint
 from gateway.client.tail import Printer, resume_command
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, start_gateway
 from tests.test_cli_tasks import CLI, cli, json_lines, one_line
 
@@ -131,14 +132,16 @@ def test_prompt_values_and_suggested_url_and_resume_command() -> None:
     assert suggest_endpoint("http://h:1/mcp/") is None
 
     printer = Printer(io.StringIO(), io.StringIO(), json_lines=False, after=4)
-    assert resume_command("http://h:1/mcp", printer, era="legacy", json_lines=False, headers=[]) is None
+    assert resume_command("http://h:1/mcp", printer, era=Era.LEGACY, json_lines=False, headers=[]) is None
     printer.task_id = "t1"
     assert (
-        resume_command("http://h:1/mcp", printer, era="modern", json_lines=True, headers=["X-A: 1", "authorization: x"])
+        resume_command(
+            "http://h:1/mcp", printer, era=Era.MODERN, json_lines=True, headers=["X-A: 1", "authorization: x"]
+        )
         == "mcp-task-gateway tail http://h:1/mcp t1 --after 4 --era modern --json --header 'X-A: 1'"
     )
     printer.event({"seq": 5, "taskId": "t1", "type": "x", "payload": {}})
-    assert resume_command("http://h:1/mcp", printer, era="legacy", json_lines=False, headers=[]).endswith("--after 5")  # type: ignore[union-attr]
+    assert resume_command("http://h:1/mcp", printer, era=Era.LEGACY, json_lines=False, headers=[]).endswith("--after 5")  # type: ignore[union-attr]
 
 
 # -- the commands ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 
 from gateway.client import EventsGone, GatewayClient, JsonRpcError
 from gateway.client.demo import FlakyLink
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, start_gateway
 
 RETAINED = 200
@@ -237,7 +238,7 @@ async def test_events_gone_is_raised_never_skipped(gw: RunningGateway) -> None:
 
 
 async def test_modern_era(gw: RunningGateway) -> None:
-    async with GatewayClient(gw.url, era="modern") as client:
+    async with GatewayClient(gw.url, era=Era.MODERN) as client:
         assert client.session_id is None
         assert await client.start_task("echo", {"text": "quick"}) is None, "a fast call answers with its result"
         plain = await client.call_tool("echo", {"text": "quick"})

@@ -27,6 +27,7 @@ from gateway.conformance import command, docs
 from gateway.conformance.checks import Verdicts, type_is_prefixed
 from gateway.conformance.registry import BY_ID, CHECKS, ERAS, SECTIONS, Result, checks_for
 from gateway.conformance.report import as_json, junit, summary, table
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, ROOT, free_port, serve_http, start_gateway
 from tests.test_native_stream_server import BROKEN, DEFECTS, NATIVE
 from tests.test_upstream_with_tasks import node_command
@@ -96,10 +97,10 @@ def outcomes(report: dict[str, Any], status: str) -> set[tuple[str, str]]:
     return {(r["era"], r["id"]) for r in report["results"] if r["status"] == status}
 
 
-def assert_conforms(code: int, report: dict[str, Any], table_text: str, eras: tuple[str, ...]) -> None:
+def assert_conforms(code: int, report: dict[str, Any], table_text: str, eras: tuple[Era, ...]) -> None:
     assert outcomes(report, "fail") == set(), table_text
     assert code == 0, table_text
-    expected = {(era, check.id) for era in eras for check in checks_for(era)}
+    expected = {(era.label, check.id) for era in eras for check in checks_for(era)}
     assert {(r["era"], r["id"]) for r in report["results"]} == expected
     assert summary_line(report) in table_text
 
@@ -132,7 +133,7 @@ async def test_gateway_in_front_of_the_example_server_conforms_in_both_eras() ->
             "progress.not_events",
             "request.after_type",
         }
-        assert {(era, check_id) for check_id in ran} <= passed, text
+        assert {(era.label, check_id) for check_id in ran} <= passed, text
     assert ("legacy", "stream.one_per_task") in passed
     assert ("modern", "modern.name_header") in passed
     # The default retention (10,000 events per task) cannot be overrun by a 16-event task.
@@ -147,7 +148,7 @@ async def test_events_gone_checks_run_and_pass_when_retention_is_small() -> None
         code, report, text = await run_kit(gw.url, "--era", "both")
     assert_conforms(code, report, text, ERAS)
     gone = {check.id for check in CHECKS if check.section == "events_gone"}
-    assert {(era, check_id) for era in ERAS for check_id in gone} <= outcomes(report, "pass"), text
+    assert {(era.label, check_id) for era in ERAS for check_id in gone} <= outcomes(report, "pass"), text
 
 
 async def test_gateway_passing_through_server_everything_conforms() -> None:
@@ -155,7 +156,7 @@ async def test_gateway_passing_through_server_everything_conforms() -> None:
         code, report, text = await run_kit(
             gw.url, "--era", "legacy", "--tool", "simulate-research-query", "--args", '{"topic": "python"}'
         )
-    assert_conforms(code, report, text, ("legacy",))
+    assert_conforms(code, report, text, (Era.LEGACY,))
     assert {("legacy", "history.late_joiner"), ("legacy", "cancel.task_survives")} <= outcomes(report, "pass")
 
 
@@ -318,7 +319,7 @@ def test_vendor_prefixed_types() -> None:
 
 
 def test_a_failure_is_final_and_a_blocked_run_fails_setup() -> None:
-    verdicts = Verdicts("legacy")
+    verdicts = Verdicts(Era.LEGACY)
     verdicts.judge("seq.contiguous", True, "gap")
     verdicts.judge("seq.contiguous", False, "seq 3 followed seq 1", {"request": "r"})
     verdicts.judge("seq.contiguous", True, "gap")
@@ -333,10 +334,10 @@ def test_a_failure_is_final_and_a_blocked_run_fails_setup() -> None:
 
 def sample_results() -> list[Result]:
     return [
-        Result(BY_ID["seq.starts_at_zero"], "legacy", "pass"),
-        Result(BY_ID["seq.contiguous"], "legacy", "fail", "seq 2 followed seq 0", [{"request": {"id": 3}}]),
-        Result(BY_ID["auth.same_as_tasks_get"], "modern", "skip", "no second credential set"),
-        Result(BY_ID["capability.retention_fields"], "modern", "info", "advertised {}"),
+        Result(BY_ID["seq.starts_at_zero"], Era.LEGACY, "pass"),
+        Result(BY_ID["seq.contiguous"], Era.LEGACY, "fail", "seq 2 followed seq 0", [{"request": {"id": 3}}]),
+        Result(BY_ID["auth.same_as_tasks_get"], Era.MODERN, "skip", "no second credential set"),
+        Result(BY_ID["capability.retention_fields"], Era.MODERN, "info", "advertised {}"),
     ]
 
 

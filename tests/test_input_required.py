@@ -29,6 +29,7 @@ import pytest
 import pytest_asyncio
 
 from gateway.client import GatewayClient
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
 from tests.wire import LEGACY, RELATED_TASK, Client, Message, Reply
 
@@ -134,7 +135,7 @@ async def task_status(client: Client, task_id: str) -> str:
 
 async def all_events(gw: RunningGateway, task_id: str, era: str = "legacy") -> list[dict[str, Any]]:
     """The task's whole log through tasks/stream (on a client of its own), once the task has ended."""
-    async with GatewayClient(gw.url, era="legacy" if era == "legacy" else "modern") as client:
+    async with GatewayClient(gw.url, era=Era.parse(era)) as client:
         async with asyncio.timeout(WAIT):
             return [event async for event in client.stream(task_id)]
 
@@ -292,7 +293,7 @@ async def modern_deploy(client: GatewayClient, environment: str) -> dict[str, An
 
 
 async def test_modern_input_requests_answered_with_tasks_update(gw: RunningGateway) -> None:
-    async with GatewayClient(gw.url, era="modern") as client:
+    async with GatewayClient(gw.url, era=Era.MODERN) as client:
         created = await modern_deploy(client, "prod")
         assert created["resultType"] == "task", created
         task_id = created["taskId"]
@@ -356,7 +357,7 @@ async def test_modern_input_requests_answered_with_tasks_update(gw: RunningGatew
 
 
 async def test_modern_malformed_input_responses_are_refused(gw: RunningGateway) -> None:
-    async with GatewayClient(gw.url, era="modern") as client:
+    async with GatewayClient(gw.url, era=Era.MODERN) as client:
         task_id = (await modern_deploy(client, "qa"))["taskId"]
         task = await wait_for_status(client, task_id, "input_required")
         with pytest.raises(Exception) as refused:
@@ -370,7 +371,7 @@ async def test_modern_malformed_input_responses_are_refused(gw: RunningGateway) 
 
 
 async def test_modern_cancel_while_waiting_for_input(gw: RunningGateway) -> None:
-    async with GatewayClient(gw.url, era="modern") as client:
+    async with GatewayClient(gw.url, era=Era.MODERN) as client:
         task_id = (await modern_deploy(client, "staging"))["taskId"]
         task = await wait_for_status(client, task_id, "input_required")
         assert (await client.cancel_task(task_id))["result"] == {"resultType": "complete"}
@@ -421,7 +422,7 @@ async def test_both_eras_over_an_http_upstream(gw_http: RunningGateway, http: ai
         await client.delete()
     check_legacy_log(await all_events(gw_http, task_id), request, "accept")
 
-    async with GatewayClient(gw_http.url, era="modern") as modern:
+    async with GatewayClient(gw_http.url, era=Era.MODERN) as modern:
         task_id = (await modern_deploy(modern, "edge"))["taskId"]
         task = await wait_for_status(modern, task_id, "input_required")
         ((key, _),) = task["inputRequests"].items()
@@ -490,7 +491,7 @@ async def gw_scripted(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
 
 
 async def test_modern_rounds_partial_answers_and_reused_keys(gw_scripted: RunningGateway) -> None:
-    async with GatewayClient(gw_scripted.url, era="modern") as client:
+    async with GatewayClient(gw_scripted.url, era=Era.MODERN) as client:
         created = (await client.request("tools/call", {"name": "ask", "arguments": {}}))["result"]
         assert created["resultType"] == "task", created
         task_id = created["taskId"]

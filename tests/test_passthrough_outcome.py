@@ -24,6 +24,7 @@ import pytest
 from gateway.client import GatewayClient
 from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
+from gateway.protocol.era import Era
 from tests import test_legacy_tasks_server, test_modern_tasks_server
 from tests.conftest import serve_http, start_gateway
 from tests.test_upstream_crash import descendants, kill_all
@@ -75,7 +76,7 @@ def without_meta(view: dict[str, Any]) -> dict[str, Any]:
 
 
 async def whole_stream(url: str, task_id: str, era: str) -> list[dict[str, Any]]:
-    async with GatewayClient(url, era="modern" if era == MODERN else "legacy") as reader:
+    async with GatewayClient(url, era=Era.parse(era)) as reader:
         async with asyncio.timeout(WAIT):
             return [event async for event in reader.stream(task_id)]
 

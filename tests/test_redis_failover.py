@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from gateway.client import GatewayClient
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway, stop_process
 from tests.redis_server import RedisServer, fresh_prefix
 from tests.test_input_required import modern_deploy
@@ -117,7 +118,7 @@ async def cancel_through(a: RunningGateway, b: RunningGateway, marker: Path) -> 
 
 async def answer_input_through(a: RunningGateway, b: RunningGateway) -> None:
     """A 2026-07-28 tasks/update sent to B answers the input round of the call A runs."""
-    async with GatewayClient(a.url, era="modern") as on_a, GatewayClient(b.url, era="modern") as on_b:
+    async with GatewayClient(a.url, era=Era.MODERN) as on_a, GatewayClient(b.url, era=Era.MODERN) as on_b:
         task_id = (await modern_deploy(on_a, "prod"))["taskId"]
 
         async def waiting_for_input() -> bool:

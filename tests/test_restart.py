@@ -32,6 +32,7 @@ import pytest
 from gateway.client import GatewayClient
 from gateway.client.stream import EventsGone, JsonRpcError
 from gateway.config import EventsConfig
+from gateway.protocol.era import Era
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, serve_http, start_gateway
 from tests.test_auth_api_key import KEY_A, KEY_B, TWO_KEYS, bearer
 from tests.test_modern_tasks_server import SERVER as MODERN_SERVER
@@ -150,7 +151,7 @@ async def test_a_modern_pass_through_task_is_watched_again_by_its_upstream_id(tm
     config = sqlite_config(tmp_path)
     async with serve_http(MODERN_SERVER, log=tmp_path / "upstream.log") as upstream_url:
         async with start_gateway(upstream_url=upstream_url, config_text=config) as first:
-            async with GatewayClient(first.url, era="modern") as client:
+            async with GatewayClient(first.url, era=Era.MODERN) as client:
                 task_id = await client.start_task("slow_job", {"steps": 6, "delay": 0.6})
                 assert task_id is not None
                 seen = await read_events(client, task_id, None, 1)
@@ -158,7 +159,7 @@ async def test_a_modern_pass_through_task_is_watched_again_by_its_upstream_id(tm
 
         async with (
             start_gateway(upstream_url=upstream_url, config_text=config) as second,
-            GatewayClient(second.url, era="modern") as client,
+            GatewayClient(second.url, era=Era.MODERN) as client,
         ):
             rest = await read_events(client, task_id, seen[-1]["seq"], None)
             task = (await client.get_task(task_id))["result"]

@@ -26,9 +26,9 @@ import orjson
 import pytest
 from mcp.client.session import IncomingMessage
 
-from gateway import sse
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
+from gateway.protocol import sse
 from gateway.protocol.jsonrpc import ProtocolError
 from gateway.replay import ReplayStream, SessionStreams, StreamGap
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, free_port, start_gateway

@@ -32,15 +32,16 @@ from gateway.config import Config, ResumeConfig
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder
 from gateway.edge.task_routes import stream_events
-from gateway.events.capture import RELATED_TASK_KEY, Capture
+from gateway.events.capture import Capture
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, MODERN, TASK_TOOL_KEY, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.names import RELATED_TASK_KEY
+from gateway.protocol.sse import SseParser
 from gateway.replay import SessionStreams
 from gateway.sessions import Session
-from gateway.sse import SseParser
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseError, SseEvent, SseParser, encode_comment, encode_message, encode_priming
+from gateway.protocol.sse import SseError, SseEvent, SseParser, encode_comment, encode_message, encode_priming
 
 # Frames as an SDK server with an EventStore sends them (wire-facts §2.3 and §2.5): a priming event,
 # a log, progress with ids, a keep-alive comment, a fresh priming event, and the response.

@@ -21,6 +21,7 @@ import pytest_asyncio
 
 from gateway.client import GatewayClient
 from gateway.config import EventsConfig
+from gateway.protocol.era import Era
 from tests.conftest import RunningGateway, serve_http, start_gateway
 from tests.test_legacy_tasks_server import SERVER, standalone, until_terminal
 from tests.wire import LEGACY, RELATED_TASK, Client
@@ -76,7 +77,7 @@ def statuses(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
 
 
 async def timeline(gateway: RunningGateway, task_id: str) -> list[dict[str, Any]]:
-    async with GatewayClient(gateway.url, era="legacy") as reader:
+    async with GatewayClient(gateway.url, era=Era.LEGACY) as reader:
         async with asyncio.timeout(WAIT):
             return [event async for event in reader.stream(task_id)]
 

@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from gateway.client import GatewayClient
 from gateway.config import EventsConfig
+from gateway.protocol.era import Era
 from tests.conftest import RunningGateway, serve_http, start_gateway
 from tests.test_modern_tasks_server import SERVER
 from tests.wire import MODERN, Client, Reply
@@ -105,7 +106,7 @@ async def wait_status(client: Client, task_id: str, wanted: str) -> dict[str, An
 
 async def timeline(gateway: RunningGateway, task_id: str) -> list[dict[str, Any]]:
     """The whole retained log, read by a client of its own until the stream's end."""
-    async with GatewayClient(gateway.url, era="modern") as reader:
+    async with GatewayClient(gateway.url, era=Era.MODERN) as reader:
         async with asyncio.timeout(WAIT):
             return [event async for event in reader.stream(task_id)]
 

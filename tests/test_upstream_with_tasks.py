@@ -36,6 +36,7 @@ from gateway.client import GatewayClient
 from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
 from gateway.protocol.dialect import TASK_TOOL_KEY
+from gateway.protocol.era import Era
 from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, stop_process, wait_for_port
 from tests.test_upstream_crash import descendants, kill_all
 from tests.wire import LEGACY, Client, Message
@@ -277,7 +278,7 @@ async def start_research(call: Call, topic: str, *, ambiguous: bool = False) -> 
 
 async def timeline(url: str, task_id: str) -> list[dict[str, Any]]:
     """The task's whole retained log, read by a new client (tasks/stream from the start to its end)."""
-    async with GatewayClient(url, era="legacy") as client:
+    async with GatewayClient(url, era=Era.LEGACY) as client:
         async with asyncio.timeout(CALL_TIMEOUT):
             return [event async for event in client.stream(task_id)]
 
@@ -581,7 +582,7 @@ async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_
     assert await asyncio.to_thread(tail_main, pair.url, task_id) == 0  # what `mcp-task-gateway tail` runs
 
     # A task belongs to its caller, not to an era: a 2026-07-28 client gets the same log and outcome.
-    async with GatewayClient(pair.url, era="modern") as modern, asyncio.timeout(CALL_TIMEOUT):
+    async with GatewayClient(pair.url, era=Era.MODERN) as modern, asyncio.timeout(CALL_TIMEOUT):
         assert [event async for event in modern.stream(task_id)] == events
         assert normalized(await modern.task_result(task_id)) == normalized(result["result"])
     assert await asyncio.to_thread(tail_main, pair.url, task_id, era="modern") == 0
@@ -590,7 +591,7 @@ async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_
 async def followed_through(url: str, task_id: str, kill: Callable[[], None]) -> list[dict[str, Any]]:
     """Follow the task's tasks/stream from the start, `kill` the upstream 1.3 s in (its second stage),
     and return what the stream delivered before it ended (with the empty result: it raises otherwise)."""
-    async with GatewayClient(url, era="legacy") as watcher:
+    async with GatewayClient(url, era=Era.LEGACY) as watcher:
         live: list[dict[str, Any]] = []
 
         async def follow() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.sse import SseParser
+from gateway.protocol.sse import SseParser
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"

@@ -32,8 +32,9 @@ import orjson
 from gateway.client.elicit import CAPABILITIES, Answerer, parse_answers
 from gateway.client.headers import BadHeader, request_headers
 from gateway.client.progress import ProgressDisplay
-from gateway.client.stream import EraName, GatewayClient, GatewayError, JsonRpcError
+from gateway.client.stream import GatewayClient, GatewayError, JsonRpcError
 from gateway.client.tail import (
+    DEFAULT_ERA,
     EXIT_COMPLETED,
     EXIT_FAILED,
     EXIT_NO_TASK,
@@ -44,10 +45,12 @@ from gateway.client.tail import (
     failure,
     follow_task,
     interrupted_notice,
+    parse_era,
     run,
     usage_error,
 )
-from gateway.protocol.dialect import LOG_LEVEL_KEY, TASK_TOOL_KEY
+from gateway.protocol.dialect import TASK_TOOL_KEY, dialect_of
+from gateway.protocol.era import Era
 
 TaskAction = Literal["list", "get", "result", "cancel"]
 
@@ -121,14 +124,14 @@ def task_row(task: Mapping[str, Any]) -> list[str]:
     return [str(task.get("taskId")), str(tool or "-"), str(task.get("status")), str(task.get("createdAt", "-"))]
 
 
-def task_support(tool: Mapping[str, Any], era: EraName) -> str:
-    """A tool's effective task support: its `execution.taskSupport`; when absent, 2025-11-25's default
-    `forbidden`, and in 2026-07-28 (where the server decides per call) `-`."""
+def task_support(tool: Mapping[str, Any], era: Era) -> str:
+    """A tool's effective task support: its `execution.taskSupport`; when absent, the era's default
+    (2025-11-25 `forbidden`), or `-` where the server decides per call (2026-07-28)."""
     execution = tool.get("execution")
     support = execution.get("taskSupport") if isinstance(execution, dict) else None
     if isinstance(support, str):
         return support
-    return "forbidden" if era == "legacy" else "-"
+    return era.default_task_support or "-"
 
 
 def first_line(text: object, width: int = 100) -> str:
@@ -182,7 +185,7 @@ async def call(
     *,
     task: bool = False,
     follow: bool = False,
-    era: EraName = "legacy",
+    era: Era = DEFAULT_ERA,
     json_out: bool = False,
     headers: Mapping[str, str] | None = None,
     quiet: bool = False,
@@ -196,52 +199,65 @@ async def call(
     output = Output("call", out, err, json_out=json_out, printer=printer)
     display = ProgressDisplay(err, "call", quiet=quiet)
     on_input = answerer(output, display, answers, stdin)
-    # Ask for progress and (2026-07-28, where logs are opt-in per request) log notifications, for the
-    # call's own response. A 2025-11-25 task-augmented call answers at once: its task's events say it all.
-    meta: dict[str, Any] = {}
-    if era == "modern" or not (task or follow):
-        meta["progressToken"] = f"mcp-task-gateway-call-{tool}"
-    if era == "modern":
-        meta[LOG_LEVEL_KEY] = "info"
+    meta = call_meta(tool, era, asks_for_task=task or follow)
     try:
         async with GatewayClient(url, era=era, headers=headers, capabilities=CAPABILITIES, on_input=on_input) as client:
             result = await client.call_tool(
                 tool, arguments, task=task or follow, meta=meta, on_message=display.notification
             )
             display.clear()
-            task_id = client.created_task(result)
-            if task_id is None:
-                if follow:
-                    output.say("the server answered at once, without creating a task")
-                elif task:
-                    # stdout carries only a task id: `TASK=$(… --task)` must not capture a result.
-                    output.say("the server answered at once, without creating a task; its answer:")
-                    output.line(dict(result), result_text(result), to=err)
-                    return EXIT_NO_TASK
-                return output.result(result)
-            if not (task or follow):
-                # A modern server may make any call a task: the caller asked for the result, so wait for
-                # it, showing the task's progress and logs as the call's.
-                return await show_outcome(client, task_id, output, display=display)
-            if not follow:
-                output.line(result, task_id)
-                return EXIT_COMPLETED
-            output.say(f"task {task_id} started; following its events")
-            # Waiting for the result meanwhile is what gets the task's questions answered.
-            outcome = asyncio.create_task(client.task_result(task_id))
-            try:
-                code = await follow_task(client, task_id, output.events)
-                if code in (EXIT_COMPLETED, EXIT_FAILED):
-                    return await show_outcome(client, task_id, output, outcome=outcome)
-                return code
-            finally:
-                await _stop(outcome)
+            return await show_call(client, result, output, display, task=task, follow=follow)
     except GatewayError as exc:
         display.clear()
         return failure(exc, output.say, f"tools/call {tool}")
     except asyncio.CancelledError:
         display.clear()  # Ctrl-C: the notice goes on a line of its own
         raise
+
+
+def call_meta(tool: str, era: Era, *, asks_for_task: bool) -> dict[str, Any]:
+    """The call's `_meta`: what asks for progress and log notifications on its own response. A call
+    that asks for a task (2025-11-25) is answered at once: its task's events say it all. Logs are
+    asked for the way the era wants (2026-07-28: opt-in per request, like the gateway's own calls)."""
+    meta: dict[str, Any] = {}
+    if not (asks_for_task and era.client_asks_for_task):
+        meta["progressToken"] = f"mcp-task-gateway-call-{tool}"
+    meta.update(dialect_of(era).upstream_call_meta)
+    return meta
+
+
+async def show_call(
+    client: GatewayClient, result: dict[str, Any], output: Output, display: ProgressDisplay, *, task: bool, follow: bool
+) -> int:
+    """What `call` prints of a tools/call's `result`: the tool's result, the task id it created, or that
+    task's events and then its outcome; the exit code."""
+    task_id = client.created_task(result)
+    if task_id is None:
+        if follow:
+            output.say("the server answered at once, without creating a task")
+        elif task:
+            # stdout carries only a task id: `TASK=$(… --task)` must not capture a result.
+            output.say("the server answered at once, without creating a task; its answer:")
+            output.line(dict(result), result_text(result), to=output.err)
+            return EXIT_NO_TASK
+        return output.result(result)
+    if not (task or follow):
+        # A modern server may make any call a task: the caller asked for the result, so wait for
+        # it, showing the task's progress and logs as the call's.
+        return await show_outcome(client, task_id, output, display=display)
+    if not follow:
+        output.line(result, task_id)
+        return EXIT_COMPLETED
+    output.say(f"task {task_id} started; following its events")
+    # Waiting for the result meanwhile is what gets the task's questions answered.
+    outcome = asyncio.create_task(client.task_result(task_id))
+    try:
+        code = await follow_task(client, task_id, output.events)
+        if code in (EXIT_COMPLETED, EXIT_FAILED):
+            return await show_outcome(client, task_id, output, outcome=outcome)
+        return code
+    finally:
+        await _stop(outcome)
 
 
 async def _stop(task: asyncio.Task[Any]) -> None:
@@ -288,7 +304,7 @@ async def tasks(
     action: TaskAction,
     task_id: str | None = None,
     *,
-    era: EraName = "legacy",
+    era: Era = DEFAULT_ERA,
     json_out: bool = False,
     headers: Mapping[str, str] | None = None,
     answers: Mapping[str, Any] | None = None,
@@ -330,7 +346,7 @@ async def tasks(
 async def tools(
     url: str,
     *,
-    era: EraName = "legacy",
+    era: Era = DEFAULT_ERA,
     json_out: bool = False,
     headers: Mapping[str, str] | None = None,
     out: TextIO = sys.stdout,
@@ -364,15 +380,16 @@ def main_call(
     *,
     task: bool = False,
     follow: bool = False,
-    era: EraName = "legacy",
+    era: str = DEFAULT_ERA.label,
     json_out: bool = False,
     headers: Sequence[str] = (),
     quiet: bool = False,
     answers_json: str | None = None,
 ) -> int:
-    """Entry point of `mcp-task-gateway call`."""
+    """Entry point of `mcp-task-gateway call`; `era` is the `--era` the user typed."""
     try:
         check_url(url)
+        chosen = parse_era(era)
         arguments = parse_arguments(args_json)
         answers = parse_answers(answers_json)
         sent = request_headers(headers)
@@ -380,12 +397,12 @@ def main_call(
         return usage_error(exc, "call")
     printer = Printer(sys.stdout, sys.stderr, json_lines=json_out, prog="call")
     command = call(
-        url, tool, arguments, task=task, follow=follow, era=era, json_out=json_out, headers=sent, quiet=quiet,
+        url, tool, arguments, task=task, follow=follow, era=chosen, json_out=json_out, headers=sent, quiet=quiet,
         answers=answers, printer=printer,
     )  # fmt: skip
     return run(
         command,
-        interrupted_notice(url, printer, era=era, json_lines=json_out, headers=headers),
+        interrupted_notice(url, printer, era=chosen, json_lines=json_out, headers=headers),
     )
 
 
@@ -394,14 +411,15 @@ def main_tasks(
     action: TaskAction,
     task_id: str | None,
     *,
-    era: EraName = "legacy",
+    era: str = DEFAULT_ERA.label,
     json_out: bool = False,
     headers: Sequence[str] = (),
     answers_json: str | None = None,
 ) -> int:
-    """Entry point of `mcp-task-gateway tasks`."""
+    """Entry point of `mcp-task-gateway tasks`; `era` is the `--era` the user typed."""
     try:
         check_url(url)
+        chosen = parse_era(era)
         if action == "list" and task_id is not None:
             raise UsageError("list takes no TASK_ID")
         if action != "list" and not task_id:
@@ -410,14 +428,15 @@ def main_tasks(
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tasks")
-    return run(tasks(url, action, task_id, era=era, json_out=json_out, headers=sent, answers=answers))
+    return run(tasks(url, action, task_id, era=chosen, json_out=json_out, headers=sent, answers=answers))
 
 
-def main_tools(url: str, *, era: EraName = "legacy", json_out: bool = False, headers: Sequence[str] = ()) -> int:
-    """Entry point of `mcp-task-gateway tools`."""
+def main_tools(url: str, *, era: str = DEFAULT_ERA.label, json_out: bool = False, headers: Sequence[str] = ()) -> int:
+    """Entry point of `mcp-task-gateway tools`; `era` is the `--era` the user typed."""
     try:
         check_url(url)
+        chosen = parse_era(era)
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tools")
-    return run(tools(url, era=era, json_out=json_out, headers=sent))
+    return run(tools(url, era=chosen, json_out=json_out, headers=sent))

@@ -1,35 +1,35 @@
 """`mcp-task-gateway demo`: tasks/stream (SEP-2694) end to end, in one command, in well under a minute.
 
 It starts the example build server (`examples/build_server.py`, a plain MCP server without Tasks)
-behind an in-process gateway on a free loopback port with a small retention (200 events per task),
-then drives it with `GatewayClient`: start a task, stream it, drop the connection, resume with
-`after`, let a late joiner replay the history, let `follow` ride out cut connections, provoke
-`events_gone` and recover from `earliestSeq - 1`, and check `tasks/result`. Each step prints a short
+behind a gateway on a free loopback port with a small retention (200 events per task), the gateway a
+process of its own started the way a user starts one (`python -m gateway serve --config ...`), then
+drives it with `GatewayClient`: start a task, stream it, drop the connection, resume with `after`, let
+a late joiner replay the history, let `follow` ride out cut connections, provoke `events_gone` and
+recover from `earliestSeq - 1`, and check `tasks/result`. Each step prints a short
 narration and ends as a PASS/FAIL line; the exit code is 0 only if every step passed.
 
-This module only drives the gateway through its public surface (`build_app`, `Config`, HTTP).
+This module only drives the gateway through its public surface: its command line, its config file
+and HTTP. It imports nothing of the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import shlex
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from aiohttp import web
-
-import gateway
 from gateway.client.stream import EventsGone, GatewayClient
 from gateway.client.tail import Timeline
-from gateway.config import Config
 
 RETAINED = 200
 """Events the demo gateway keeps per task: small, so a burst of 1000 outruns it."""
@@ -38,11 +38,17 @@ DROP_AFTER = 5
 """Client A cuts its first stream after this seq."""
 BURST = 1000
 DEADLINE_S = 50.0
+STARTUP_S = 30.0
+"""How long the gateway process may take to listen."""
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""Where the `gateway` package this demo belongs to sits (the checkout, or site-packages)."""
+LISTENING = "mcp-task-gateway listening on "
+"""What `serve` prints on stdout once it listens, followed by its URL."""
 
 
 def find_example_server() -> Path | None:
     """`examples/build_server.py` in the current directory or next to the installed package."""
-    for root in (Path.cwd(), Path(gateway.__file__).resolve().parent.parent):
+    for root in (Path.cwd(), PROJECT_ROOT):
         candidate = root / "examples" / "build_server.py"
         if candidate.is_file():
             return candidate
@@ -367,43 +373,100 @@ class Demo:
         return bool(self.results) and not failed
 
 
-async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO = sys.stdout) -> int:
-    """Run the demo against a gateway in this process; 0 if every step passed, else 1."""
-    from gateway.app import build_app  # the composition root; imported here so `tail` stays light
+class GatewayNotStarted(Exception):
+    """The gateway process exited, or did not listen in time."""
 
+
+def config_text(upstream_cmd: list[str], store_path: Path) -> str:
+    """The demo gateway's config file: a free loopback port, a small retention, SQLite in `store_path`."""
+    return "\n".join(
+        [
+            "[server]",
+            'listen = "127.0.0.1:0"',
+            "[upstream]",
+            f"command = {json.dumps(upstream_cmd)}",
+            "[upstream.stdio]",
+            "idle_processes = 0",
+            "[retention]",
+            f"max_events_per_task = {RETAINED}",
+            "[store]",
+            'kind = "sqlite"',
+            f"path = {json.dumps(str(store_path))}",
+            "[logging]",
+            'level = "warning"',
+            "",
+        ]
+    )
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(config_path: Path) -> AsyncIterator[str]:
+    """`python -m gateway serve --config config_path` as a child process, as a user would start it;
+    yields its URL once it listens and stops it on exit (SIGTERM, which it takes as a shutdown). Its
+    log (warnings) goes to this process's stderr."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(path for path in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if path)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "serve", "--config", str(config_path),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        yield await _listening_url(process)
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _listening_url(process: asyncio.subprocess.Process) -> str:
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(STARTUP_S):
+            while line := (await process.stdout.readline()).decode(errors="replace"):
+                if line.startswith(LISTENING):
+                    return line[len(LISTENING) :].strip()
+            code = await process.wait()
+    except TimeoutError:
+        raise GatewayNotStarted(f"the gateway did not listen within {STARTUP_S:.0f} s") from None
+    raise GatewayNotStarted(f"the gateway exited (code {code}) before it listened; its log is above")
+
+
+async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO = sys.stdout) -> int:
+    """Run the demo against a gateway process it starts; 0 if every step passed, else 1."""
     # The default store (SQLite) in a directory of its own: a demo leaves nothing behind, and runs
     # beside a gateway that holds data/gateway.db.
-    data = tempfile.TemporaryDirectory(prefix="mcp-task-gateway-demo-")
-    config = Config.model_validate(
-        {
-            "server": {"listen": "127.0.0.1:0"},
-            "upstream": {"command": upstream_cmd, "stdio": {"idle_processes": 0}},
-            "retention": {"max_events_per_task": RETAINED},
-            "store": {"kind": "sqlite", "path": str(Path(data.name) / "gateway.db")},
-        }
-    )
+    with tempfile.TemporaryDirectory(prefix="mcp-task-gateway-demo-") as data:
+        config_path = Path(data) / "gateway.toml"
+        config_path.write_text(config_text(upstream_cmd, Path(data) / "gateway.db"), encoding="utf-8")
+        out.write("mcp-task-gateway demo: resumable task event streams (SEP-2694), end to end\n")
+        out.write(f"   upstream: {shlex.join(upstream_cmd)} (stdio; an MCP server without Tasks)\n")
+        out.flush()
+        try:
+            async with gateway_process(config_path) as url:
+                where = f"a process of its own; retention {RETAINED} events per task; SQLite store in {data}"
+                out.write(f"   gateway:  {url} ({where})\n")
+                return await drive(url, keep=keep, out=out)
+        except GatewayNotStarted as exc:
+            print(f"mcp-task-gateway demo: {exc}", file=sys.stderr)
+            return 1
+
+
+async def drive(url: str, *, keep: bool, out: TextIO) -> int:
+    """The demo's steps against the gateway at `url`, and its report; 0 if every step passed, else 1."""
     started = time.monotonic()
-    color = out.isatty()
-    write = out.write
-    write("mcp-task-gateway demo: resumable task event streams (SEP-2694), end to end\n")
-    write(f"   upstream: {shlex.join(upstream_cmd)} (stdio; an MCP server without Tasks)\n")
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
-    link: FlakyLink | None = None
+    host, _, port = url.split("//", 1)[1].split("/", 1)[0].rpartition(":")
+    link = FlakyLink(host, int(port))
     try:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, shutdown_timeout=1.0)
-        await site.start()
-        port = runner.addresses[0][1]
-        url = f"http://127.0.0.1:{port}/mcp"
-        link = FlakyLink("127.0.0.1", port)
         link_url = f"http://127.0.0.1:{await link.start()}/mcp"
-        write(
-            f"   gateway:  {url} (in this process; retention {RETAINED} events per task; SQLite store in {data.name})\n"
-        )
-        write("   opening clients A, B and C (each legacy session gets an upstream process of its own)\n")
+        out.write("   opening clients A, B and C (each legacy session gets an upstream process of its own)\n")
         out.flush()
         a, b, c = GatewayClient(url), GatewayClient(url), GatewayClient(link_url)
-        demo = Demo(url, out, color, a, b, c, link)
+        demo = Demo(url, out, out.isatty(), a, b, c, link)
         try:
             async with asyncio.timeout(DEADLINE_S), contextlib.AsyncExitStack() as stack:
                 for client in (a, b, c):
@@ -419,10 +482,7 @@ async def run_demo(upstream_cmd: list[str], *, keep: bool = False, out: TextIO =
             await _keep_running(demo)
         return 0 if passed else 1
     finally:
-        if link is not None:
-            await link.close()
-        await runner.cleanup()
-        data.cleanup()
+        await link.close()
 
 
 async def _keep_running(demo: Demo) -> None:

@@ -17,8 +17,9 @@ from typing import Any, TextIO
 
 import orjson
 
-from gateway.client.stream import METHOD_NOT_FOUND, JsonRpcError, Message
+from gateway.client.stream import JsonRpcError, Message
 from gateway.client.tail import UsageError
+from gateway.protocol.jsonrpc import METHOD_NOT_FOUND
 
 CAPABILITIES: dict[str, Any] = {"elicitation": {"form": {}}}
 """The client capabilities the CLI declares."""

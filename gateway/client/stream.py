@@ -17,21 +17,23 @@ import contextlib
 import inspect
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
 
 from gateway import __version__
-from gateway.events.capture import RECORDED_AT_KEY
+from gateway.protocol.dialect import TASK_EVENT, dialect_of
 from gateway.protocol.envelope import NAME_PARAM
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
-from gateway.sse import SseError, SseParser
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
+from gateway.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED
+from gateway.protocol.names import RECORDED_AT_KEY
+from gateway.protocol.sse import SseError, SseParser
 
-EraName = Literal["legacy", "modern"]
 Message = dict[str, Any]
 OnEvent = Callable[[Message], Awaitable[None] | None]
 OnMessage = Callable[[Message], Awaitable[None] | None]
@@ -42,15 +44,8 @@ OnInput = Callable[[str, Message], Awaitable[Message]]
 2025-11-25 server request (`elicitation/create`...), an input request of a 2026-07-28 round (MRTR) or
 of a task in `input_required`. Raise JsonRpcError to answer a server request with that error."""
 
-LEGACY_VERSION = "2025-11-25"
-MODERN_VERSION = "2026-07-28"
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 SESSION_HEADER = "Mcp-Session-Id"
-EVENT_METHOD = "notifications/tasks/event"
 EVENTS_GONE_CODE = -32010
-INVALID_PARAMS = -32602
-REQUEST_CANCELLED = -32800
-METHOD_NOT_FOUND = -32601
 MAX_INPUT_ROUNDS = 32
 """Bound on the 2026-07-28 input rounds of one call (the gateway's own bound for a task's)."""
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -170,6 +165,15 @@ async def _maybe_await(value: Awaitable[None] | None) -> None:
         await value
 
 
+@dataclass
+class _Cursor:
+    """Where `follow` is in a task's events: the last processed seq, and whether the current stream
+    moved it (progress resets the reconnect count)."""
+
+    last: int | None
+    progressed: bool = False
+
+
 # -- the client -----------------------------------------------------------------------------------
 
 
@@ -189,7 +193,7 @@ class GatewayClient:
         self,
         url: str,
         *,
-        era: EraName = "legacy",
+        era: Era = Era.LEGACY,
         headers: Mapping[str, str] | None = None,
         session: aiohttp.ClientSession | None = None,
         idle_timeout: float = 60.0,
@@ -197,10 +201,11 @@ class GatewayClient:
         capabilities: Mapping[str, Any] | None = None,
         on_input: OnInput | None = None,
     ) -> None:
-        if era not in ("legacy", "modern"):
-            raise ValueError(f"era must be 'legacy' or 'modern', not {era!r}")
+        if not isinstance(era, Era):
+            raise TypeError(f"era must be an Era (Era.parse reads 'legacy' or 'modern'), not {era!r}")
         self.url = url
-        self.era: EraName = era
+        self.era = era
+        self._dialect = dialect_of(era)
         self._extra_headers = dict(headers or {})
         self._capabilities = dict(capabilities or {})
         self._on_input = on_input
@@ -240,7 +245,7 @@ class GatewayClient:
     async def connect(self) -> None:
         """Legacy: open a session (initialize, then notifications/initialized). Modern: nothing to do."""
         self._client()
-        if self.era == "legacy" and self._session_id is None:
+        if self.era.has_sessions and self._session_id is None:
             await self._renew_session(None)
 
     async def close(self) -> None:
@@ -250,7 +255,7 @@ class GatewayClient:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 async with self._http.delete(
                     self.url,
-                    headers={**self._extra_headers, SESSION_HEADER: session_id, "MCP-Protocol-Version": LEGACY_VERSION},
+                    headers={**self._extra_headers, SESSION_HEADER: session_id, "MCP-Protocol-Version": self.era.value},
                     timeout=aiohttp.ClientTimeout(total=5),
                 ):
                     pass
@@ -269,7 +274,7 @@ class GatewayClient:
             "id": self.next_id(),
             "method": "initialize",
             "params": {
-                "protocolVersion": LEGACY_VERSION,
+                "protocolVersion": self.era.value,
                 "capabilities": self._capabilities,
                 "clientInfo": {"name": "mcp-task-gateway-client", "version": __version__},
             },
@@ -309,15 +314,11 @@ class GatewayClient:
         }
 
     def _headers_for(self, message: Message) -> dict[str, str]:
-        headers = self._base_headers()
-        if self.era == "legacy":
-            headers["MCP-Protocol-Version"] = LEGACY_VERSION
-            if self._session_id is not None:
-                headers[SESSION_HEADER] = self._session_id
-            return headers
-        headers["MCP-Protocol-Version"] = MODERN_VERSION
+        headers = {**self._base_headers(), "MCP-Protocol-Version": self.era.value}
+        if self._session_id is not None:
+            headers[SESSION_HEADER] = self._session_id
         method = message.get("method")
-        if isinstance(method, str) and "id" in message:
+        if self.era.has_envelope and isinstance(method, str) and "id" in message:
             headers["Mcp-Method"] = method
             name_param = NAME_PARAM.get(method)
             params = message.get("params")
@@ -328,9 +329,9 @@ class GatewayClient:
     def envelope(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
         """Modern requests carry the protocol version and client capabilities in `params._meta`."""
         body = dict(params or {})
-        if self.era == "modern":
+        if self.era.has_envelope:
             meta = {
-                PROTOCOL_VERSION_KEY: MODERN_VERSION,
+                PROTOCOL_VERSION_KEY: self.era.value,
                 CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}, **self._capabilities},
                 **(body.get("_meta") or {}),
             }
@@ -344,7 +345,7 @@ class GatewayClient:
         `headers` set over them; read the answer with `messages`. In legacy, a 404 for our session opens
         a new one and the POST is sent again (the server refused it before doing anything, so sending
         it again is safe)."""
-        if renew and self.era == "legacy" and self._session_id is None:
+        if renew and self.era.has_sessions and self._session_id is None:
             await self._renew_session(None)
         for attempt in range(2 if renew else 1):
             session_id = self._session_id
@@ -357,7 +358,8 @@ class GatewayClient:
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise TransportError(f"cannot reach {self.url}: {exc or type(exc).__name__}") from exc
-            if response.status == 404 and self.era == "legacy" and session_id is not None and attempt == 0:
+            # Only a session can be forgotten: an answer about anything else is the caller's.
+            if response.status == 404 and session_id is not None and attempt == 0:
                 response.close()
                 await self._renew_session(session_id)
                 continue
@@ -421,7 +423,7 @@ class GatewayClient:
     async def _answer(self, request: Message) -> None:
         """Answer a (legacy) server request with `on_input`'s result; without `on_input`, or when it
         raises JsonRpcError, with an error."""
-        if self.era != "legacy":
+        if not self.era.has_sessions:
             return
         method = str(request["method"])
         answer: Message = {"jsonrpc": "2.0", "id": request["id"]}
@@ -465,7 +467,7 @@ class GatewayClient:
     async def notify(self, method: str, params: Mapping[str, Any] | None = None) -> None:
         """Send a notification (answered 202 with no body)."""
         message: Message = {"jsonrpc": "2.0", "method": method}
-        if params is not None or self.era == "modern":
+        if params is not None or self.era.has_envelope:
             message["params"] = self.envelope(params)
         await self._send_only(message)
 
@@ -505,31 +507,20 @@ class GatewayClient:
         `earliest_seq - 1`. Without a cursor the first event may have any seq (the earliest retained).
         StreamGap if the server skips a seq without saying events_gone.
         """
-        last = after
+        cursor = _Cursor(after)
         failures = unanchored_gone = 0
         while True:
-            progressed = False
+            cursor.progressed = False
             try:
-                async with self.stream(task_id, after=last) as events:
-                    async for event in events:
-                        seq = event["seq"]
-                        if last is not None and seq <= last:
-                            continue  # already processed: a replay after reconnecting
-                        if last is not None and seq != last + 1:
-                            raise StreamGap(task_id, last + 1, seq)
-                        await _maybe_await(on_event(event))
-                        last = seq
-                        progressed = True
-                task = (await self.get_task(task_id))["result"]
-                if task.get("status") in TERMINAL_STATUSES:
-                    return last
-                reason: BaseException = StreamDropped(
-                    f"the stream closed while the task is still {task.get('status')!r}"
-                )
+                await self._deliver(task_id, cursor, on_event)
+                status = (await self.get_task(task_id))["result"].get("status")
+                if status in TERMINAL_STATUSES:
+                    return cursor.last
+                reason: BaseException = StreamDropped(f"the stream closed while the task is still {status!r}")
             except TransportError as exc:
                 reason = exc
             except EventsGone as exc:
-                if last is not None or unanchored_gone >= 2:
+                if cursor.last is not None or unanchored_gone >= 2:
                     raise
                 # No cursor yet means "from the earliest retained event": retention moved it while the
                 # stream started (a busy task), so ask again; nothing the caller asked for is skipped.
@@ -540,16 +531,28 @@ class GatewayClient:
                     raise
                 # Our previous stream on this session is not gone yet on the server's side.
                 reason = exc
-            if progressed:
-                failures = 0
-            failures += 1
+            failures = 1 if cursor.progressed else failures + 1
             if failures > max_reconnects:
                 if isinstance(reason, TransportError):
                     raise reason
                 raise TransportError(f"gave up on task {task_id} after {max_reconnects} reconnects: {reason}")
             if on_reconnect is not None:
-                on_reconnect(failures, last, reason)
+                on_reconnect(failures, cursor.last, reason)
             await asyncio.sleep(min(max_backoff, backoff * 2 ** (failures - 1)))
+
+    async def _deliver(self, task_id: str, cursor: _Cursor, on_event: OnEvent) -> None:
+        """One tasks/stream after `cursor.last`: each event not yet processed to `on_event`, in order,
+        the cursor moved past it once `on_event` returns."""
+        async with self.stream(task_id, after=cursor.last) as events:
+            async for event in events:
+                seq, last = event["seq"], cursor.last
+                if last is not None and seq <= last:
+                    continue  # already processed: a replay after reconnecting
+                if last is not None and seq != last + 1:
+                    raise StreamGap(task_id, last + 1, seq)
+                await _maybe_await(on_event(event))
+                cursor.last = seq
+                cursor.progressed = True
 
     # -- task helpers -----------------------------------------------------------------------------
 
@@ -572,7 +575,7 @@ class GatewayClient:
         params: dict[str, Any] = {"name": tool, "arguments": dict(arguments or {})}
         if meta:
             params["_meta"] = dict(meta)
-        if task and self.era == "legacy":
+        if task and self.era.client_asks_for_task:
             params["task"] = {} if ttl_ms is None else {"ttl": ttl_ms}
         for _ in range(MAX_INPUT_ROUNDS):
             result: dict[str, Any] = (await self.request("tools/call", params, on_message=on_message))["result"]
@@ -610,19 +613,15 @@ class GatewayClient:
         decides; None when it answered with the plain result instead (use `call_tool` to keep it)."""
         result = await self.call_tool(tool, arguments, task=True, ttl_ms=ttl_ms)
         task_id = self.created_task(result)
-        if task_id is None and self.era == "legacy":
+        if task_id is None and self.era.client_asks_for_task:
             raise GatewayError(f"tools/call {tool!r} did not create a task: {orjson.dumps(result)[:200]!r}")
         return task_id
 
     def created_task(self, result: Mapping[str, Any]) -> str | None:
         """The taskId a tools/call result created (legacy CreateTaskResult, modern `resultType: "task"`),
         or None when it is the tool's own result."""
-        if self.era == "legacy":
-            task = result.get("task")
-            task_id = task.get("taskId") if isinstance(task, dict) else None
-        else:
-            task_id = result.get("taskId") if result.get("resultType") == "task" else None
-        return task_id if isinstance(task_id, str) else None
+        task = self._dialect.created_task({"result": dict(result)})
+        return None if task is None else str(task["taskId"])
 
     async def get_task(self, task_id: str) -> Message:
         """`tasks/get`: the response message; its `result` is the task (modern: with the outcome inlined)."""
@@ -656,9 +655,13 @@ class GatewayClient:
 
         With `on_input`, the task's questions are answered meanwhile: legacy server requests on the
         tasks/result stream, modern `inputRequests` of an `input_required` task with tasks/update."""
-        if self.era == "legacy":
+        if not self._dialect.detailed_views:  # SEP-1686: tasks/result blocks until the outcome
             result: dict[str, Any] = (await self.request("tasks/result", {"taskId": task_id}))["result"]
             return result
+        return await self._polled_outcome(task_id)
+
+    async def _polled_outcome(self, task_id: str) -> dict[str, Any]:
+        """SEP-2663: tasks/get until the task is terminal (its outcome inlined), answering its input requests."""
         answered: set[str] = set()  # keys are unique over a task's life (the gateway renames reused ones)
         while True:
             task = (await self.get_task(task_id))["result"]
@@ -727,7 +730,7 @@ class TaskStream:
         was_active = self._active
         self.abort()
         await self._gen.aclose()
-        if cancel and was_active and self.client.era == "legacy":
+        if cancel and was_active and self.client.era.has_sessions:
             params = {"requestId": self.request_id, "reason": "the client closed the stream"}
             with contextlib.suppress(GatewayError):
                 async with asyncio.timeout(5):
@@ -748,7 +751,7 @@ class TaskStream:
         self._active = True
         try:
             async for incoming in self.client.messages(response):
-                if incoming.get("method") == EVENT_METHOD:
+                if incoming.get("method") == TASK_EVENT:
                     event = incoming.get("params")
                     if not isinstance(event, dict) or event.get("taskId") != self.task_id:
                         continue

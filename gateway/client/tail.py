@@ -32,7 +32,6 @@ import orjson
 from gateway.client.headers import AUTH_HINT, BadHeader, request_headers
 from gateway.client.stream import (
     EndpointNotFound,
-    EraName,
     EventsGone,
     GatewayClient,
     GatewayError,
@@ -41,6 +40,7 @@ from gateway.client.stream import (
     TransportError,
     recorded_at,
 )
+from gateway.protocol.era import Era
 
 EXIT_COMPLETED = 0
 EXIT_FAILED = 1
@@ -53,6 +53,8 @@ EXIT_NO_TASK = 6
 EXIT_INTERRUPTED = 130
 STATUS_EXIT = {"completed": EXIT_COMPLETED, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 
+DEFAULT_ERA = Era.LEGACY
+"""The era of a command without `--era`."""
 DEFAULT_PREFIX = "io.github.mcp-task-gateway."
 _LIFECYCLE_SUFFIXES = (".task.created", ".task.status", ".task.terminal")
 SUMMARY_WIDTH = 100
@@ -265,7 +267,7 @@ async def tail(
     *,
     after: int | None = None,
     json_lines: bool = False,
-    era: EraName = "legacy",
+    era: Era = DEFAULT_ERA,
     headers: Mapping[str, str] | None = None,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
@@ -290,12 +292,20 @@ def check_url(url: str) -> None:
         raise UsageError(f"{url!r} is not an http(s) URL; the gateway's endpoint looks like http://127.0.0.1:8765/mcp")
 
 
+def parse_era(text: str) -> Era:
+    """`--era`: `legacy` or `modern` (or the era's protocol version), parsed once at the command's edge."""
+    try:
+        return Era.parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def usage_error(exc: UsageError | BadHeader, prog: str) -> int:
     notice(sys.stderr, str(exc), prog)
     return EXIT_ERROR
 
 
-def resume_command(url: str, printer: Printer, *, era: EraName, json_lines: bool, headers: Sequence[str]) -> str | None:
+def resume_command(url: str, printer: Printer, *, era: Era, json_lines: bool, headers: Sequence[str]) -> str | None:
     """The `tail` command line that goes on where `printer` stopped (None before a task was followed).
 
     Headers go in it except credentials (Authorization, Cookie...), which are not printed: they come
@@ -305,8 +315,8 @@ def resume_command(url: str, printer: Printer, *, era: EraName, json_lines: bool
     words = ["mcp-task-gateway", "tail", url, printer.task_id]
     if printer.last_seq is not None:
         words += ["--after", str(printer.last_seq)]
-    if era != "legacy":
-        words += ["--era", era]
+    if era is not DEFAULT_ERA:  # like every option, left out at its default
+        words += ["--era", era.label]
     if json_lines:
         words.append("--json")
     for value in headers:
@@ -320,7 +330,7 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"
 
 
 def interrupted_notice(
-    url: str, printer: Printer, *, era: EraName, json_lines: bool, headers: Sequence[str]
+    url: str, printer: Printer, *, era: Era, json_lines: bool, headers: Sequence[str]
 ) -> Callable[[], None]:
     """What Ctrl-C on a followed task says: the last seq printed and the command that resumes."""
 
@@ -356,18 +366,19 @@ def main(
     *,
     after: int | None = None,
     json_lines: bool = False,
-    era: EraName = "legacy",
+    era: str = DEFAULT_ERA.label,
     headers: Sequence[str] = (),
 ) -> int:
-    """Entry point of `mcp-task-gateway tail`."""
+    """Entry point of `mcp-task-gateway tail`; `era` is the `--era` the user typed."""
     try:
         check_url(url)
+        chosen = parse_era(era)
         sent = request_headers(headers)
     except (UsageError, BadHeader) as exc:
         return usage_error(exc, "tail")
     printer = Printer(sys.stdout, sys.stderr, json_lines=json_lines, after=after)
     printer.task_id = task_id
     return run(
-        tail(url, task_id, after=after, json_lines=json_lines, era=era, headers=sent, printer=printer),
-        interrupted_notice(url, printer, era=era, json_lines=json_lines, headers=headers),
+        tail(url, task_id, after=after, json_lines=json_lines, era=chosen, headers=sent, printer=printer),
+        interrupted_notice(url, printer, era=chosen, json_lines=json_lines, headers=headers),
     )

@@ -19,16 +19,15 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from gateway.client.stream import EVENTS_GONE_CODE, INVALID_PARAMS, MODERN_VERSION, TASKS_EXTENSION, GatewayError
+from gateway.client.stream import EVENTS_GONE_CODE, GatewayError
 from gateway.conformance.probe import Exchange, Probe, clip, unknown_task_id
-from gateway.conformance.registry import Era, Result, Status, checks_for
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from gateway.conformance.registry import Result, Status, checks_for
+from gateway.protocol.dialect import dialect_of
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, Era
+from gateway.protocol.jsonrpc import HEADER_MISMATCH, INVALID_PARAMS, METHOD_NOT_FOUND
+from gateway.protocol.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY as MISSING_CAPABILITY
+from gateway.protocol.names import RELATED_TASK_KEY as RELATED_TASK
 
-RELATED_TASK = "io.modelcontextprotocol/related-task"
-METHOD_NOT_FOUND = -32601
-HEADER_MISMATCH = -32020
-MISSING_CAPABILITY = -32021
-EMPTY_RESULT: dict[Era, dict[str, Any]] = {"legacy": {}, "modern": {"resultType": "complete"}}
 BAD_AFTER_TYPES: tuple[object, ...] = (1.5, "1", True, None)
 
 
@@ -138,7 +137,7 @@ def not_a_task(created: Exchange) -> str:
 
 
 def empty_result(result: dict[str, Any] | None, era: Era) -> bool:
-    return result is not None and {k: v for k, v in result.items() if k != "_meta"} == EMPTY_RESULT[era]
+    return result is not None and {k: v for k, v in result.items() if k != "_meta"} == dialect_of(era).empty_result
 
 
 class Scenario:
@@ -160,7 +159,7 @@ class Scenario:
         await self.request_validation(task_id)
         await self.events_gone(task_id, live, late)
         await self.authorization(task_id)
-        if self.era == "modern":
+        if self.era.has_envelope:
             await self.modern_envelope(task_id)
         await self.concurrent_and_cancel()
 
@@ -168,14 +167,9 @@ class Scenario:
 
     async def capabilities(self) -> None:
         capabilities, evidence = await self.probe.capabilities()
-        if self.era == "legacy":
-            tasks = capabilities.get("tasks")
-            where = "capabilities.tasks.eventStreams"
-        else:
-            extensions = capabilities.get("extensions")
-            tasks = extensions.get(TASKS_EXTENSION) if isinstance(extensions, dict) else None
-            where = f'capabilities.extensions["{TASKS_EXTENSION}"].eventStreams'
-        advertised = tasks.get("eventStreams") if isinstance(tasks, dict) else None
+        tasks = dialect_of(self.era).declared_tasks({"capabilities": capabilities})
+        where = f"{self.era.tasks_capability_path}.eventStreams"
+        advertised = tasks.get("eventStreams") if tasks is not None else None
         if advertised is None:
             reason = f"{where} is not advertised (MAY)"
             self.v.skip("capability.event_streams", reason, evidence)
@@ -231,7 +225,7 @@ class Scenario:
         self.v.judge(
             "end.terminal_result",
             empty_result(live.result, self.era),
-            f"the live stream must end with {orjson.dumps(EMPTY_RESULT[self.era]).decode()}",
+            f"the live stream must end with {orjson.dumps(dialect_of(self.era).empty_result).decode()}",
             live.evidence(),
         )
         status, _ = await self.probe.wait_terminal(task_id)
@@ -386,7 +380,7 @@ class Scenario:
             exchange = await self.probe.call(self.probe.message("tasks/stream", params))
             self.refused("request.after_type", exchange, f"after: {orjson.dumps(value).decode()}", INVALID_PARAMS)
         # 2026-07-28: without a taskId there is no Mcp-Name to send, which the header check may refuse first.
-        missing = (INVALID_PARAMS, HEADER_MISMATCH) if self.era == "modern" else (INVALID_PARAMS,)
+        missing = (INVALID_PARAMS, HEADER_MISMATCH) if self.era.has_envelope else (INVALID_PARAMS,)
         for malformed, codes in (({}, missing), ({"taskId": 42}, (INVALID_PARAMS,))):
             exchange = await self.probe.call(self.probe.message("tasks/stream", malformed))
             self.refused("request.task_id", exchange, f"params {orjson.dumps(malformed).decode()}", *codes)
@@ -422,7 +416,7 @@ class Scenario:
         )
 
     async def modern_envelope(self, task_id: str) -> None:
-        no_extension = {PROTOCOL_VERSION_KEY: MODERN_VERSION, CLIENT_CAPABILITIES_KEY: {}}
+        no_extension: dict[str, Any] = {PROTOCOL_VERSION_KEY: self.era.value, CLIENT_CAPABILITIES_KEY: {}}
         exchange = await self.probe.call(
             self.probe.message("tasks/stream", {"taskId": task_id, "_meta": no_extension}, envelope=False)
         )
@@ -538,7 +532,7 @@ class Scenario:
         )
 
     async def second_stream(self, task_id: str) -> None:
-        if self.era == "modern":
+        if not self.era.has_sessions:
             self.v.skip("stream.one_per_task", "2026-07-28 has no sessions: each POST is its own connection")
             return
         second = await self.probe.open(self.probe.stream_message(task_id))

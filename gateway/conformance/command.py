@@ -12,10 +12,11 @@ from typing import Any
 
 from gateway.client.commands import parse_arguments
 from gateway.client.headers import BadHeader, parse_headers, request_headers
-from gateway.client.tail import UsageError
+from gateway.client.tail import UsageError, parse_era
 from gateway.conformance.checks import Target, run_era
-from gateway.conformance.registry import ERAS, Era, Result
+from gateway.conformance.registry import ERAS, Result
 from gateway.conformance.report import as_json, counts, junit, table
+from gateway.protocol.era import Era
 
 DEFAULT_TOOL = "slow_build"
 DEFAULT_ARGUMENTS: dict[str, Any] = {"steps": 6, "delay": 0.25}
@@ -31,6 +32,11 @@ async def run(target: Target, eras: Sequence[Era]) -> list[Result]:
     return results
 
 
+def eras_named(text: str) -> tuple[Era, ...]:
+    """`--era`: `both`, or one era (`legacy`, `modern`), parsed once at the command's edge."""
+    return ERAS if text == "both" else (parse_era(text),)
+
+
 def main(
     url: str,
     *,
@@ -44,6 +50,7 @@ def main(
     junit_path: str | None = None,
 ) -> int:
     try:
+        eras = eras_named(era)
         target = Target(
             url=url,
             tool=tool or DEFAULT_TOOL,
@@ -55,7 +62,6 @@ def main(
     except (UsageError, BadHeader) as exc:
         print(f"mcp-task-gateway conformance: {exc}", file=sys.stderr)
         return 2
-    eras = [name for name in ERAS if era in ("both", name)]
     print(f"SEP-2694 conformance of {url} (tool {target.tool!r})", flush=True)
     results = asyncio.run(run(target, eras))
     print(table(results))

@@ -22,15 +22,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.client.stream import (
-    EVENT_METHOD,
-    TERMINAL_STATUSES,
-    GatewayClient,
-    GatewayError,
-    Message,
-    answers,
-)
-from gateway.conformance.registry import Era
+from gateway.client.stream import TERMINAL_STATUSES, GatewayClient, GatewayError, Message, answers
+from gateway.protocol.dialect import TASK_EVENT
+from gateway.protocol.era import Era
 
 EVIDENCE_EVENTS = 12
 """How many events an evidence entry lists (seq and type); the count is always given."""
@@ -65,7 +59,7 @@ class Exchange:
     @property
     def events(self) -> list[Any]:
         """The params of every `notifications/tasks/event`, in arrival order (as sent, even malformed)."""
-        return [m.get("params") for m in self.messages if m.get("method") == EVENT_METHOD]
+        return [m.get("params") for m in self.messages if m.get("method") == TASK_EVENT]
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -98,7 +92,7 @@ class Exchange:
                     for e in events[:EVIDENCE_EVENTS]
                 ],
             }
-        others = [m.get("method") for m in self.messages if m.get("method") != EVENT_METHOD]
+        others = [m.get("method") for m in self.messages if m.get("method") != TASK_EVENT]
         if others:
             entry["other_messages"] = others[:EVIDENCE_EVENTS]
         if self.answer is not None:
@@ -178,7 +172,7 @@ class Call:
     async def cancel(self) -> None:
         """Cancel the request the era's way: 2025-11-25 `notifications/cancelled`, then the connection is
         closed; 2026-07-28 closing the response is the cancellation."""
-        if self.probe.era == "legacy" and not self.done:
+        if self.probe.era.has_sessions and not self.done:
             params = {"requestId": self.exchange.request.get("id"), "reason": "conformance kit: stream cancelled"}
             with contextlib.suppress(GatewayError, TimeoutError):
                 async with asyncio.timeout(self.probe.timeout):
@@ -257,7 +251,7 @@ class Probe:
 
     async def decline(self, request: Message) -> None:
         """A server request on a response (sampling, elicitation): the kit offers none, so it says so."""
-        if self.era != "legacy":
+        if not self.era.has_sessions:
             return
         answer = {"jsonrpc": "2.0", "id": request["id"], "error": {"code": -32601, "message": "not offered"}}
         with contextlib.suppress(GatewayError, TimeoutError):
@@ -266,7 +260,7 @@ class Probe:
 
     async def capabilities(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The server's capabilities and the evidence of where they came from (initialize or discover)."""
-        if self.era == "legacy":
+        if self.era.has_sessions:  # the session's initialize said it
             result = self.client.initialize_result or {}
             evidence: dict[str, Any] = {"request": "initialize (2025-11-25)", "answer": clip(result)}
         else:
@@ -279,7 +273,7 @@ class Probe:
     async def start_task(self, tool: str, arguments: Mapping[str, Any]) -> tuple[str | None, Exchange]:
         """Call `tool` as a task; its taskId (None when the server answered without a task) and the exchange."""
         params: dict[str, Any] = {"name": tool, "arguments": dict(arguments)}
-        if self.era == "legacy":
+        if self.era.client_asks_for_task:
             params["task"] = {}
         exchange = await self.request("tools/call", params)
         result = exchange.result

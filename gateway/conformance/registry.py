@@ -11,15 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Era = Literal["legacy", "modern"]
+from gateway.protocol.era import Era
+
 Level = Literal["MUST", "SHOULD", "MAY"]
 Status = Literal["pass", "fail", "skip", "info"]
 """`info`: what a check that cannot fail saw (`capability.retention_fields`)."""
 
-ERAS: tuple[Era, ...] = ("legacy", "modern")
-ERA_VERSIONS: dict[Era, str] = {"legacy": "2025-11-25", "modern": "2026-07-28"}
+ERAS: tuple[Era, ...] = tuple(Era)
 BOTH: frozenset[Era] = frozenset(ERAS)
-MODERN_ONLY: frozenset[Era] = frozenset({"modern"})
+MODERN_ONLY: frozenset[Era] = frozenset({Era.MODERN})
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 from xml.etree import ElementTree
 
-from gateway.conformance.registry import ERA_VERSIONS, Result
+from gateway.conformance.registry import Result
+from gateway.protocol.era import Era
 
 MARKS = {"pass": "PASS", "fail": "FAIL", "skip": "skip", "info": "info"}
 
@@ -27,13 +28,14 @@ def summary(results: Sequence[Result]) -> str:
 def table(results: Sequence[Result], *, evidence: bool = True) -> str:
     """One line per check, under an era and section heading; a failure's evidence follows it, indented."""
     lines: list[str] = []
-    era = section = None
+    era: Era | None = None
+    section: str | None = None
     width = max((len(result.check.id) for result in results), default=0)
     for result in results:
         if result.era != era:
             era, section = result.era, None
             lines += [""] if lines else []
-            lines.append(f"{ERA_VERSIONS[era]} ({era})")
+            lines.append(f"{era.value} ({era.label})")
         if result.check.section != section:
             section = result.check.section
             lines.append(f"  {section}")
@@ -52,8 +54,8 @@ def as_json(target: str, results: Sequence[Result]) -> dict[str, Any]:
         "results": [
             {
                 "id": result.check.id,
-                "era": result.era,
-                "protocolVersion": ERA_VERSIONS[result.era],
+                "era": result.era.label,
+                "protocolVersion": result.era.value,
                 "section": result.check.section,
                 "level": result.check.level,
                 "sentence": result.check.sentence,
@@ -75,7 +77,7 @@ def junit(target: str, results: Sequence[Result]) -> str:
         suite = ElementTree.SubElement(
             suites,
             "testsuite",
-            name=f"sep-2694 {ERA_VERSIONS[era]}",
+            name=f"sep-2694 {era.value}",
             tests=str(len(mine)),
             failures=str(tally["fail"]),
             skipped=str(tally["skip"]),
@@ -83,7 +85,7 @@ def junit(target: str, results: Sequence[Result]) -> str:
         )
         for result in mine:
             case = ElementTree.SubElement(
-                suite, "testcase", classname=f"conformance.{era}.{result.check.section}", name=result.check.id
+                suite, "testcase", classname=f"conformance.{era.label}.{result.check.section}", name=result.check.id
             )
             evidence = json.dumps(result.evidence, ensure_ascii=False, indent=1)
             if result.status == "fail":

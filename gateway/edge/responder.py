@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
-from gateway import sse
 from gateway.metrics import Metrics
+from gateway.protocol import sse
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.replay import ReplayStream, SessionStreams

@@ -12,8 +12,8 @@ import asyncio
 
 from aiohttp import web
 
-from gateway import sse
 from gateway.edge.responder import Responder, SlowClient
+from gateway.protocol import sse
 from gateway.protocol.era import Era
 from gateway.tasks.plans import AwaitResult, StreamEvents
 

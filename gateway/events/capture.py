@@ -22,10 +22,7 @@ import orjson
 from gateway.config import CaptureRule
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
-
-RELATED_TASK_KEY = "io.modelcontextprotocol/related-task"
-RECORDED_AT_KEY = "io.github.mcp-task-gateway/recordedAt"
-"""`_meta` key of every task event the gateway serves: when the event was recorded (UTC ISO 8601, milliseconds)."""
+from gateway.protocol.names import RELATED_TASK_KEY
 
 
 @dataclass(frozen=True, slots=True)

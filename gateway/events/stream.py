@@ -21,12 +21,11 @@ from typing import Any
 
 import orjson
 
-from gateway import sse
-from gateway.events.capture import RECORDED_AT_KEY, RELATED_TASK_KEY
 from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
 from gateway.pacing import WritePacer
-from gateway.protocol import jsonrpc
+from gateway.protocol import jsonrpc, sse
 from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.names import RECORDED_AT_KEY, RELATED_TASK_KEY
 
 EVENTS_GONE = -32010
 MAX_SEQ = 2**63 - 1

@@ -48,3 +48,51 @@ class Era(enum.Enum):
         if self is Era.LEGACY or not isinstance(error, dict):
             return 200
         return _MODERN_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
+
+    # -- what a client does differently in each era ----------------------------------------------
+    # gateway.client and gateway.conformance ask these instead of comparing eras; shapes of task
+    # messages are the Dialect's (protocol/dialect.py).
+
+    @classmethod
+    def parse(cls, text: str) -> Era:
+        """The era a user names on a command line: `legacy` or `modern`, or its protocol version."""
+        for era in cls:
+            if text in (era.label, era.value):
+                return era
+        raise ValueError(f"unknown era {text!r}: legacy (2025-11-25) or modern (2026-07-28)")
+
+    @property
+    def label(self) -> str:
+        """`legacy` or `modern`: the era's name on command lines and in reports."""
+        return self.name.lower()
+
+    @property
+    def has_sessions(self) -> bool:
+        """2025-11-25: `initialize` opens a session (`Mcp-Session-Id`, DELETE ends it), the server may send
+        requests on a response stream (elicitation), and a request is cancelled with
+        `notifications/cancelled`. In 2026-07-28 each POST stands alone and closing it is the cancel."""
+        return self is Era.LEGACY
+
+    @property
+    def has_envelope(self) -> bool:
+        """2026-07-28: every request and notification carries the `_meta` envelope (protocol version,
+        client capabilities), and a request the `Mcp-Method`/`Mcp-Name` headers that mirror its body."""
+        return self is Era.MODERN
+
+    @property
+    def client_asks_for_task(self) -> bool:
+        """2025-11-25 (SEP-1686): a tools/call becomes a task only when the client asks with `params.task`.
+        2026-07-28 (SEP-2663): the server decides, for any call of a client that declares the extension."""
+        return self is Era.LEGACY
+
+    @property
+    def default_task_support(self) -> str | None:
+        """A tool's `execution.taskSupport` when it does not say: `forbidden` in 2025-11-25; None in
+        2026-07-28, where the server decides per call."""
+        return "forbidden" if self is Era.LEGACY else None
+
+    @property
+    def tasks_capability_path(self) -> str:
+        """Where a server declares its tasks capability in its `initialize` (2025-11-25) or `server/discover`
+        (2026-07-28) result, for messages."""
+        return "capabilities.tasks" if self is Era.LEGACY else f'capabilities.extensions["{TASKS_EXTENSION}"]'

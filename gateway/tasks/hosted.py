@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
-from gateway.events.capture import RELATED_TASK_KEY, TaskEvent
+from gateway.events.capture import TaskEvent
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, TaskDetails, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
+from gateway.protocol.names import RELATED_TASK_KEY
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
 from gateway.tasks.lease_store import LeaseStore
 from gateway.tasks.reads import StoredTask, TaskReads

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.events.capture import RELATED_TASK_KEY
 from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
+from gateway.protocol.names import RELATED_TASK_KEY
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import InputRound, PendingRequest, Task, TaskRegistry
 from gateway.upstream.base import UpstreamChannel

@@ -44,13 +44,13 @@ from typing import Any
 from cachetools import TTLCache
 
 from gateway.config import TasksConfig
-from gateway.events.capture import RELATED_TASK_KEY
 from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.names import RELATED_TASK_KEY
 from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry

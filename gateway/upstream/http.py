@@ -24,7 +24,7 @@ from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
-from gateway.sse import SseError, SseParser
+from gateway.protocol.sse import SseError, SseParser
 from gateway.upstream.base import (
     DeadlineRule,
     Exchange,
