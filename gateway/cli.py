@@ -202,7 +202,7 @@ def _add_conformance(commands: Subcommands) -> None:
 
 def _add_demo(commands: Subcommands) -> None:
     demo = commands.add_parser(
-        "demo", help="run the example server behind an in-process gateway and show tasks/stream end to end"
+        "demo", help="run the example server behind a gateway process and show tasks/stream end to end"
     )
     demo.add_argument("--keep", action="store_true", help="keep the gateway running afterwards (until Ctrl-C)")
     demo.add_argument(
