@@ -29,6 +29,7 @@ from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
 from gateway.tasks.lease_store import LeaseStore
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.reads import StoredTask, TaskReads
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.registry import InputListener, StatusListener, Task, TaskLimitReached, TaskRegistry
@@ -214,8 +215,7 @@ class HostedTasks:
         await self.input.request(task, message)
 
     async def finish(self, task: Task, caller: Caller, outcome: Message | None) -> None:
-        if task.terminal:
-            return
+        """The upstream call's outcome arrived (None: the call ended without one): the task ends with it."""
         if outcome is None:
             outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "the upstream call ended without a response")
         error = outcome.get("error")
@@ -226,7 +226,7 @@ class HostedTasks:
             status, message = TaskStatus.FAILED, "the tool reported an error (isError)"
         else:
             status, message = TaskStatus.COMPLETED, None
-        await self.registry.set_status(task, status, message, outcome=outcome)
+        await self.registry.feed(task, Event.OUTCOME_ARRIVED, status, message, outcome=outcome)
 
     async def stop(self) -> None:
         for runner in list(self._runners):
@@ -352,10 +352,7 @@ class HostedTasks:
     async def cancel(self, task: Task, request_id: RequestId) -> None:
         if task.terminal:
             raise already_ended(task.record, request_id)
-        hook, task.cancel = task.cancel, None
-        await self.registry.set_status(task, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON)
-        if hook is not None:
-            await hook()
+        await self.registry.feed(task, Event.CANCEL_REQUESTED, None, CLIENT_CANCEL_REASON)  # stops the call too
 
 
 def already_ended(record: TaskRecord, request_id: RequestId) -> ProtocolError:

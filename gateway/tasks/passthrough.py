@@ -38,31 +38,29 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from cachetools import TTLCache
 
 from gateway.config import TasksConfig
-from gateway.events.capture import RELATED_TASK_KEY
 from gateway.events.summaries import method_of, summarize_answer, summarize_request
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.tasks.lifecycle import Command, Event, Phase, Transition
 from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import TaskExists
+from gateway.tasks.task_ids import STATUS_PUSHES, map_task_ids
+from gateway.tasks.watch import UpstreamTask
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.waiting import wait_any
 
 log = logging.getLogger("gateway.tasks.passthrough")
 
-STATUS_PUSHES = frozenset({"notifications/tasks/status", "notifications/tasks"})
-_NAMING_TASK = STATUS_PUSHES | {TASK_EVENT}
-"""Notifications whose `params.taskId` names a task."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
 ASK_ID_PREFIX = "mcp-task-gateway-"
 """The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
@@ -78,98 +76,6 @@ STASH_PER_TASK = 64
 
 Hold = Callable[[], Awaitable[None]]
 """Releases what keeps the task's upstream conversation open (a session's channel), once it ended."""
-
-
-@dataclass(eq=False)
-class UpstreamTask:
-    """What the gateway knows of a task on the upstream: where it lives and what was last observed."""
-
-    channel: UpstreamChannel
-    upstream_id: str
-    era: Era
-    headers: dict[str, str]
-    """Sent with the gateway's own polls (a legacy session's protocol version)."""
-    poll_interval_ms: int
-    progress_token: object = None
-    heard_at: float = field(default_factory=time.monotonic)
-    """When the upstream last pushed a status (monotonic): polls wait while pushes keep coming."""
-    polled_at: float = field(default_factory=time.monotonic)
-    seen: tuple[TaskStatus, str | None] | None = None
-    last_updated_at: str = ""
-    input_keys: set[str] = field(default_factory=set)
-    failures: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
-    ending: bool = False
-    """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
-    result_answered: bool = False
-    """A forwarded tasks/result was answered: the task ended (how, a poll learns: see `wake`)."""
-    listening: bool = False
-    """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
-
-    @property
-    def dialect(self) -> Dialect:
-        return dialect_of(self.era)
-
-
-def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
-    """`message` from the upstream with every task id it carries passed through `convert`: a status
-    push's or task event's `taskId`, related-task `_meta`, a subscription acknowledgement's `taskIds`,
-    and the ids in the answers to tools/call and tasks/* (an error's `data.taskId`, as in `events_gone`)."""
-    params = message.get("params")
-    if isinstance(params, dict):
-        changed = _map_related(params, convert)
-        if message.get("method") in _NAMING_TASK and isinstance(params.get("taskId"), str):
-            changed = {**(changed or params), "taskId": convert(params["taskId"])}
-        filters = params.get("notifications")
-        if (
-            message.get("method") == ACKNOWLEDGED
-            and isinstance(filters, dict)
-            and isinstance(filters.get("taskIds"), list)
-        ):
-            ids = [convert(task_id) if isinstance(task_id, str) else task_id for task_id in filters["taskIds"]]
-            changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
-        return message if changed is None else {**message, "params": changed}
-    error = message.get("error")
-    data = error.get("data") if isinstance(error, dict) else None
-    if isinstance(data, dict) and isinstance(data.get("taskId"), str) and (method or "").startswith("tasks/"):
-        assert isinstance(error, dict)
-        return {**message, "error": {**error, "data": {**data, "taskId": convert(data["taskId"])}}}
-    result = message.get("result")
-    if not isinstance(result, dict):
-        return message
-    mapped = _map_related(result, convert) or result
-    if (
-        method == "tools/call"
-        and isinstance(mapped.get("task"), dict)
-        and isinstance(mapped["task"].get("taskId"), str)
-    ):
-        mapped = {**mapped, "task": {**mapped["task"], "taskId": convert(mapped["task"]["taskId"])}}
-    elif (method == "tools/call" and mapped.get("resultType") == "task") or (
-        method is not None and method.startswith("tasks/") and method != "tasks/list"
-    ):
-        if isinstance(mapped.get("taskId"), str):
-            mapped = {**mapped, "taskId": convert(mapped["taskId"])}
-    elif method == "tasks/list" and isinstance(mapped.get("tasks"), list):
-        mapped = {
-            **mapped,
-            "tasks": [
-                {**task, "taskId": convert(task["taskId"])}
-                if isinstance(task, dict) and isinstance(task.get("taskId"), str)
-                else task
-                for task in mapped["tasks"]
-            ],
-        }
-    return message if mapped is result else {**message, "result": mapped}
-
-
-def _map_related(container: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any] | None:
-    meta = container.get("_meta")
-    related = meta.get(RELATED_TASK_KEY) if isinstance(meta, dict) else None
-    if not isinstance(related, dict) or not isinstance(related.get("taskId"), str):
-        return None
-    assert isinstance(meta, dict)
-    return {**container, "_meta": {**meta, RELATED_TASK_KEY: {**related, "taskId": convert(related["taskId"])}}}
 
 
 class Passthrough:
@@ -190,6 +96,8 @@ class Passthrough:
         self._pushes: dict[str, TaskPushes] = {}
         """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
         self._ask_ids = itertools.count(1)
+        self._pushed: set[str] = set()
+        """Tasks an upstream subscription pushes the changes of (2026-07-28): polls become a rare check."""
         self._renamed: dict[tuple[str, str], str] = {}
         """(channel tag, upstream id) -> the client's id of a task watched again after a restart: it
         was named after a conversation of the process that learned it."""
@@ -231,7 +139,7 @@ class Passthrough:
         return message
 
     async def _capture(self, task: Task, method: str | None, message: Message) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         capture = self.registry.capture
         kind = message.get("method")
         if kind == TASK_EVENT:
@@ -249,12 +157,11 @@ class Passthrough:
                 await self.registry.record(task, event)
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
-        elif method == "tasks/result" and not task.terminal:
-            ref.result_answered = True
-            ref.wake.set()  # the upstream says it ended: learn how with a tasks/get now
+        elif method == "tasks/result":  # the upstream says it ended: learn how with a tasks/get now
+            await self._feed(task, Event.RESULT_ANSWERED)
 
     async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         if pushed:
             ref.heard_at = time.monotonic()
         try:
@@ -271,20 +178,12 @@ class Passthrough:
             ref.poll_interval_ms = interval
         text = view.get("statusMessage")
         seen = (status, text if isinstance(text, str) else None)
-        if seen != ref.seen and not task.terminal and not ref.ending:
-            ref.seen = seen
+        if seen != ref.seen:
             outcome = ref.dialect.inlined_outcome(view)
-            if (
-                status.terminal
-                and outcome is None
-                and (ref.dialect.cancelled_has_outcome or status is not TaskStatus.CANCELLED)
-            ):
-                ref.ending = True  # the record turns terminal with the outcome in it: the watcher fetches it
-                ref.wake.set()
-            else:
-                await self.registry.set_status(
-                    task, status, seen[1], outcome=outcome, updated_at=ref.last_updated_at or None
-                )
+            event = status_event(status, outcome, ref.dialect)
+            # While the outcome is fetched the table ignores later views: `seen` keeps the end told.
+            if await self._feed(task, event, status, seen[1], outcome=outcome) is not None:
+                ref.seen = seen
         requests = view.get("inputRequests")
         if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
             for key, request in requests.items():
@@ -303,8 +202,9 @@ class Passthrough:
         A 2026-07-28 view that tells an end inlines the outcome (the tap made the record terminal
         already); one that leaves it out is fetched on the pooled process the forwarded request holds
         until its answer is written, so waiting there would stall both."""
-        ref: UpstreamTask = task.upstream
-        if ref.era is Era.LEGACY and (ref.ending or ref.result_answered) and not task.terminal:
+        ref = watched(task)
+        # Only 2025-11-25 waits: see above.
+        if ref.era is Era.LEGACY and task.phase in (Phase.END_TOLD, Phase.FETCHING_OUTCOME):
             await wait_any((task.done,), ASK_TIMEOUT_S)
 
     async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
@@ -342,7 +242,7 @@ class Passthrough:
         task = self.registry.get(owner, params.get("taskId"))
         if task is None or task.upstream is None:
             raise unknown_task(message["id"])
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         rewritten = {**message, "params": {**params, "taskId": ref.upstream_id}}
         upstream_headers = {
             name: ref.upstream_id if name.lower() == "mcp-name" else value for name, value in headers.items()
@@ -457,7 +357,7 @@ class Passthrough:
     def _start_watching(self, task: Task, channel: UpstreamChannel, hold: Hold | None) -> None:
         """Watch `task` on `channel` until it ends: pushes where the upstream sends them, polls, and
         the conversation's loss."""
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
         if ref.era is Era.MODERN:
             self._upstream.pin(task.id, channel)
@@ -476,37 +376,38 @@ class Passthrough:
 
     # -- watching --------------------------------------------------------------------------------
 
-    def _interval_s(self, ref: UpstreamTask) -> float:
+    def _interval_s(self, task: Task, ref: UpstreamTask) -> float:
         low, high = self._config.upstream_poll_min_ms, self._config.upstream_poll_max_ms
-        if ref.listening:  # pushed: a poll only checks, now and then, that the subscription still works
+        if task.id in self._pushed:  # a poll only checks, now and then, that the subscription still works
             return high / 1000
         return min(max(ref.poll_interval_ms, low), high) / 1000
 
     def _covered_on(self, channel: UpstreamChannel) -> Covered:
         def covered(client_ids: set[str], fresh: bool) -> None:
             for task in self._live.get(channel, ()):
-                ref: UpstreamTask = task.upstream
-                now = task.id in client_ids
-                if now and fresh and not ref.listening:
-                    ref.wake.set()  # one poll: changes before the subscription were not pushed
-                ref.listening = now
+                if task.id not in client_ids:
+                    self._pushed.discard(task.id)
+                elif task.id not in self._pushed:
+                    self._pushed.add(task.id)
+                    if fresh:  # one poll: changes before the subscription were not pushed
+                        watched(task).wake.set()
 
         return covered
 
     async def _watch(self, task: Task, hold: Hold | None) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         self._metrics.upstream_tasks.inc()
         try:
             while not task.terminal:
-                if ref.ending:
+                if fetching(task):
                     await self._end(task, await self._fetch_outcome(task))
                     break
                 # Due one interval after the upstream last said something (a push, or the start of
                 # the last poll, so the poll's own round trip does not stretch the period).
-                wait = max(ref.heard_at, ref.polled_at) + self._interval_s(ref) - time.monotonic()
+                wait = max(ref.heard_at, ref.polled_at) + self._interval_s(task, ref) - time.monotonic()
                 if wait > 0 and not await wait_any((task.done, ref.wake), wait):
                     continue  # waited it out: due now, unless a push came meanwhile (recomputed)
-                if task.terminal or ref.ending:
+                if task.terminal or fetching(task):
                     continue
                 ref.wake.clear()
                 ref.polled_at = time.monotonic()
@@ -517,11 +418,12 @@ class Passthrough:
                 pushes.unwatch(task.id)
             self._tokens.pop((ref.channel.tag, ref.progress_token), None)
             self._live.get(ref.channel, set()).discard(task)
+            self._pushed.discard(task.id)
             if hold is not None:
                 await hold()
 
     async def _poll(self, task: Task) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         self._metrics.upstream_task_polls.inc()
         final = await self._ask_upstream(task, "tasks/get")
         error = final.get("error") if final is not None else {"message": f"no answer within {ASK_TIMEOUT_S:g} s"}
@@ -538,7 +440,7 @@ class Passthrough:
     async def _fetch_outcome(self, task: Task) -> Message:
         """The ended task's outcome from the upstream: a 2025-11-25 `tasks/result` answer as it is, the
         result or error inlined in a 2026-07-28 `tasks/get`; else an error saying why there is none."""
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         method = ref.dialect.outcome_method
         final = await self._ask_upstream(task, method)
         if final is None:
@@ -550,17 +452,16 @@ class Passthrough:
         cause = error.get("message") if isinstance(error, dict) else f"its {method} carried neither result nor error"
         return unavailable(f"the upstream said the task ended, but {cause}")
 
-    async def _end(self, task: Task, outcome: Message) -> None:
-        """The record turns terminal as the upstream last described it, with `outcome` kept."""
-        ref: UpstreamTask = task.upstream
-        assert ref.seen is not None
-        status, message = ref.seen
-        await self.registry.set_status(task, status, message, outcome=outcome, updated_at=ref.last_updated_at or None)
+    async def _end(self, task: Task, outcome: Message, event: Event = Event.OUTCOME_FETCHED) -> None:
+        """The record turns terminal as the upstream told, with `outcome` kept."""
+        told = watched(task).seen
+        assert told is not None
+        await self._feed(task, event, told[0], told[1], outcome=outcome)
 
     async def _ask_upstream(self, task: Task, method: str) -> Message | None:
         """Ask the upstream `method` about the task on its conversation (2026-07-28: the pooled channel
         it is pinned to); its answer, or None after ASK_TIMEOUT_S."""
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         kind = "poll" if method == "tasks/get" else method.removeprefix("tasks/")
         request_id = f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}"
         message, headers = ref.dialect.gateway_request(request_id, method, {"taskId": ref.upstream_id})
@@ -584,11 +485,30 @@ class Passthrough:
     async def fail(self, task: Task, cause: str) -> None:
         """The task cannot end normally any more: a terminal `failed` naming the cause; or, when the
         upstream already said it ended, that end with an outcome saying why it is unavailable."""
-        if task.upstream.ending:
-            await self._end(task, unavailable(cause))
+        if fetching(task):  # it ended as told, without the outcome
+            await self._end(task, unavailable(cause), Event.UPSTREAM_LOST)
             return
         outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
-        await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome)
+        await self.registry.feed(task, Event.UPSTREAM_LOST, None, cause, outcome=outcome)
+
+    async def _feed(
+        self,
+        task: Task,
+        event: Event,
+        told: TaskStatus | None = None,
+        message: str | None = None,
+        *,
+        outcome: Message | None = None,
+    ) -> Transition | None:
+        """Feed what the upstream said to the lifecycle (at the upstream's time), and carry out the
+        watcher's commands: wake it to poll, or to fetch the outcome."""
+        ref = watched(task)
+        transition = await self.registry.feed(
+            task, event, told, message, outcome=outcome, updated_at=ref.last_updated_at or None
+        )
+        if transition is not None and {Command.POLL_UPSTREAM, Command.FETCH_OUTCOME} & set(transition.commands):
+            ref.wake.set()
+        return transition
 
     def _loss_listener(self, channel: UpstreamChannel) -> Callable[[str], Awaitable[None]]:
         async def lost(cause: str) -> None:
@@ -603,6 +523,27 @@ class Passthrough:
         await asyncio.gather(*self._watchers, return_exceptions=True)
         for pushes in self._pushes.values():
             await pushes.stop()
+
+
+def watched(task: Task) -> UpstreamTask:
+    """The upstream side of a task this module watches (set when it learns the task)."""
+    assert task.upstream is not None
+    return task.upstream
+
+
+def fetching(task: Task) -> bool:
+    """The upstream said the task ended, and the watcher fetches its outcome."""
+    return task.phase is Phase.FETCHING_OUTCOME
+
+
+def status_event(status: TaskStatus, outcome: Message | None, dialect: Dialect) -> Event:
+    """The lifecycle event of an upstream view saying `status` (with `outcome` inlined, or None): an
+    end whose outcome is left out is fetched, except a cancel the dialect gives no outcome for."""
+    if not status.terminal:
+        return Event.UPSTREAM_STATUS
+    if outcome is not None or (status is TaskStatus.CANCELLED and not dialect.cancelled_has_outcome):
+        return Event.UPSTREAM_ENDED
+    return Event.UPSTREAM_ENDED_UNFETCHED
 
 
 def unavailable(cause: str) -> Message:
