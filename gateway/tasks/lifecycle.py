@@ -61,7 +61,7 @@ class Phase(enum.StrEnum):
         return None if self in (Phase.NEW, Phase.END_TOLD, Phase.FETCHING_OUTCOME) else TaskStatus(self.value)
 
 
-TERMINAL = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED})
+TERMINAL = (Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED)
 
 
 def phase_of(status: TaskStatus) -> Phase:
@@ -98,12 +98,13 @@ class Event(enum.StrEnum):
     UPSTREAM_ENDED_UNFETCHED = "upstream_ended_unfetched"
     """Pass-through, told a terminal status: the upstream says the task ended, its outcome is to fetch."""
     OUTCOME_FETCHED = "outcome_fetched"
-    """Pass-through, told the end the upstream told: the fetch returned (an outcome, or why none)."""
+    """Pass-through, told the end the upstream told: the fetch returned (an outcome, or why there is
+    none: no answer in time, or the upstream lost the task meanwhile)."""
     RESULT_ANSWERED = "result_answered"
     """Pass-through: a forwarded `tasks/result` was answered (the task ended upstream)."""
     UPSTREAM_LOST = "upstream_lost"
-    """Pass-through: the upstream lost the task (conversation gone, polls failing, id unknown); told
-    the end already told while its outcome is being fetched, else nothing (the task fails)."""
+    """Pass-through: the upstream lost the task (conversation gone, polls failing, id unknown): it fails.
+    (Lost while its outcome is fetched, the fetch ends without one: `OUTCOME_FETCHED`.)"""
     CANCEL_REQUESTED = "cancel_requested"
     """Hosted: the client (here, or through another replica's lease) cancels the task."""
     OWNER_LOST = "owner_lost"
@@ -185,12 +186,11 @@ TELLS: dict[Event, frozenset[TaskStatus]] = {
     Event.UPSTREAM_ENDED: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     Event.UPSTREAM_ENDED_UNFETCHED: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     Event.OUTCOME_FETCHED: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
-    Event.UPSTREAM_LOST: frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED}),
     Event.OWNER_LOST: frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED}),
 }
-"""The statuses an event may tell (`UPSTREAM_LOST` tells one only while the outcome is fetched)."""
+"""The statuses an event may tell."""
 
-LATE = frozenset(Event) - {Event.CREATED, Event.RESULT_EVICTED}
+LATE = tuple(event for event in Event if event not in (Event.CREATED, Event.RESULT_EVICTED))
 """Events that may still arrive after the end (a push crossing the final answer, a cancel racing the
 result): ignored, since a terminal status never changes."""
 
@@ -233,7 +233,6 @@ def _table() -> dict[tuple[Phase, Event], Rule]:
     for event in (Event.UPSTREAM_STATUS, Event.UPSTREAM_ENDED, Event.UPSTREAM_ENDED_UNFETCHED, Event.RESULT_ANSWERED):
         table[Phase.FETCHING_OUTCOME, event] = Rule(Phase.FETCHING_OUTCOME, (), PASSTHROUGH)
     table[Phase.FETCHING_OUTCOME, Event.OUTCOME_FETCHED] = Rule(TOLD, END, PASSTHROUGH)
-    table[Phase.FETCHING_OUTCOME, Event.UPSTREAM_LOST] = Rule(TOLD, END, PASSTHROUGH)  # ended as told, no outcome
     table[Phase.FETCHING_OUTCOME, Event.STORE_FAULT] = _RUNNING[Event.STORE_FAULT]
     for phase in TERMINAL:
         for event in LATE:
@@ -289,5 +288,5 @@ def mermaid() -> str:
                 edges[source, target.value].append(label)
     lines = ["stateDiagram-v2"]
     lines.extend(f"    {start} --> {end}: {'<br/>'.join(labels)}" for (start, end), labels in edges.items())
-    lines.extend(f"    {ended.value} --> [*]" for ended in sorted(TERMINAL))
+    lines.extend(f"    {ended.value} --> [*]" for ended in TERMINAL)
     return "\n".join(lines) + "\n"

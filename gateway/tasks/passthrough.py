@@ -452,11 +452,11 @@ class Passthrough:
         cause = error.get("message") if isinstance(error, dict) else f"its {method} carried neither result nor error"
         return unavailable(f"the upstream said the task ended, but {cause}")
 
-    async def _end(self, task: Task, outcome: Message, event: Event = Event.OUTCOME_FETCHED) -> None:
+    async def _end(self, task: Task, outcome: Message) -> None:
         """The record turns terminal as the upstream told, with `outcome` kept."""
         told = watched(task).seen
         assert told is not None
-        await self._feed(task, event, told[0], told[1], outcome=outcome)
+        await self._feed(task, Event.OUTCOME_FETCHED, told[0], told[1], outcome=outcome)
 
     async def _ask_upstream(self, task: Task, method: str) -> Message | None:
         """Ask the upstream `method` about the task on its conversation (2026-07-28: the pooled channel
@@ -486,7 +486,7 @@ class Passthrough:
         """The task cannot end normally any more: a terminal `failed` naming the cause; or, when the
         upstream already said it ended, that end with an outcome saying why it is unavailable."""
         if fetching(task):  # it ended as told, without the outcome
-            await self._end(task, unavailable(cause), Event.UPSTREAM_LOST)
+            await self._end(task, unavailable(cause))
             return
         outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
         await self.registry.feed(task, Event.UPSTREAM_LOST, None, cause, outcome=outcome)
