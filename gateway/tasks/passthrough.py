@@ -204,7 +204,7 @@ class Passthrough:
         until its answer is written, so waiting there would stall both."""
         ref = watched(task)
         # Only 2025-11-25 waits: see above.
-        if ref.era is Era.LEGACY and task.phase in (Phase.END_TOLD, Phase.FETCHING_OUTCOME):
+        if ref.dialect.tasks_in_session and task.phase in (Phase.END_TOLD, Phase.FETCHING_OUTCOME):
             await wait_any((task.done,), ASK_TIMEOUT_S)
 
     async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
@@ -248,7 +248,7 @@ class Passthrough:
             name: ref.upstream_id if name.lower() == "mcp-name" else value for name, value in headers.items()
         }
         # 2026-07-28 requests go to pooled channels: this one must reach the channel that holds the task.
-        if ref.era is Era.MODERN:
+        if not ref.dialect.tasks_in_session:
             self._upstream.pin(task.id, ref.channel)
         return task, rewritten, upstream_headers
 
@@ -328,7 +328,7 @@ class Passthrough:
         channel.tap = self.observe
         renamed = (channel.tag, stored.upstream_id)
         self._renamed[renamed] = task.id
-        headers = {"MCP-Protocol-Version": era.value} if era is Era.LEGACY else {}
+        headers = dict(dialect_of(era).session_headers)
         ref = UpstreamTask(channel, stored.upstream_id, era, headers, task.poll_interval_ms)
         ref.seen = (task.status, task.status_message)
         ref.last_updated_at = task.last_updated_at
@@ -346,7 +346,7 @@ class Passthrough:
 
     async def _rejoin(self, task_id: str, era: Era, stored: UpstreamTaskRef) -> tuple[UpstreamChannel, Hold] | None:
         """The conversation holding a task a previous process watched, and what releases it; None if gone."""
-        if era is Era.MODERN:
+        if not dialect_of(era).tasks_in_session:
             if not self._upstream.outlives_gateway:
                 return None
             holder = contextlib.AsyncExitStack()
@@ -359,7 +359,7 @@ class Passthrough:
         the conversation's loss."""
         ref = watched(task)
         # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
-        if ref.era is Era.MODERN:
+        if not ref.dialect.tasks_in_session:
             self._upstream.pin(task.id, channel)
             if self._upstream.shared_stateless:
                 if channel.tag not in self._pushes:
@@ -466,7 +466,7 @@ class Passthrough:
         request_id = f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}"
         message, headers = ref.dialect.gateway_request(request_id, method, {"taskId": ref.upstream_id})
         # A 2025-11-25 task lives in its session: asked there, with the session's headers.
-        if ref.era is Era.LEGACY:
+        if ref.dialect.tasks_in_session:
             return await self._ask(ref.channel, message, {**ref.headers, **headers})
         async with self._upstream.stateless(task.id) as channel:
             channel.tap = self.observe
