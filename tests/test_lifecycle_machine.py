@@ -113,7 +113,7 @@ TestTaskLives.settings = settings(
 )
 
 
-DRIVERS = ("registry.py", "hosted.py", "passthrough.py", "watch.py", "input.py")
+DRIVERS = ("registry.py", "hosted.py", "passthrough.py", "watch.py", "watcher.py", "input.py")
 
 
 def attributes(tree: ast.Module) -> list[tuple[str, str, str]]:

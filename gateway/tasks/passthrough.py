@@ -4,7 +4,7 @@ Ids. An upstream's task id is unique only within its conversation (a stdio proce
 so clients see `<channel tag>.<upstream id>`: the channel's random tag namespaces it, and it can never
 equal a gateway-hosted id (32 hex digits, no dot). Clients must treat it as opaque. Ids are rewritten
 to the client's form on everything the upstream sends (the channel `Tap`, `observe`) and back on the
-client's task requests (`route`).
+client's task requests (`route`; the mapping itself is `task_ids`).
 
 Learning. A task is known from the CreateTaskResult the gateway forwards (`adopt`), which binds it to
 the caller. Messages about it that arrive first (server-everything pushes a status before it answers)
@@ -17,10 +17,9 @@ Capture. For known tasks the tap records status pushes (`notifications/tasks/sta
 `notifications/tasks`) and status answers (`tasks/get`, legacy `tasks/cancel`) as `task.status` events
 when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's
 token, notifications with related-task `_meta`, and the upstream's requests for the task
-(`input.requested`; the client's answer is `input.answered`). One watcher per task polls `tasks/get`
-when no push came for a poll interval (rarely, while a 2026-07-28 subscription covers it: see
-`pushes`), keeps the upstream conversation open until the task ends, and fails the task (naming the
-cause) when the upstream loses it.
+(`input.requested`; the client's answer is `input.answered`). What a view says of the task's status
+is a lifecycle event (`status_event`); one watcher per task (`watcher`) polls, and fails the task
+when the upstream loses it.
 
 Outcome. When the upstream says a task ended, its outcome goes into the task record before the record
 turns terminal: inlined in a 2026-07-28 view, else fetched at once by the watcher (2025-11-25
@@ -31,13 +30,10 @@ answers the task's requests (see the endpoint), so they work after the upstream 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from cachetools import TTLCache
@@ -49,33 +45,24 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.tasks.lifecycle import Command, Event, Phase, Transition
-from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
+from gateway.tasks.lifecycle import Event, Phase
+from gateway.tasks.pushes import ACKNOWLEDGED
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import TaskExists
 from gateway.tasks.task_ids import STATUS_PUSHES, map_task_ids
 from gateway.tasks.watch import UpstreamTask
+from gateway.tasks.watcher import ASK_TIMEOUT_S, Hold, TaskWatcher, watched
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.waiting import wait_any
 
 log = logging.getLogger("gateway.tasks.passthrough")
 
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
-ASK_ID_PREFIX = "mcp-task-gateway-"
-"""The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
-ASK_TIMEOUT_S = 10.0
-RESULT_UNAVAILABLE = "result_unavailable"
-"""`data.reason` of the error kept when the gateway could not fetch an ended task's outcome."""
-POLL_FAILURES = 3
-"""Failed polls in a row (no answer, transport errors) after which the task is failed."""
 CAPTURE_INTERRUPTED = "capture.interrupted"
 """The event marking a gap in a task's capture: the process watching it ended, this one watches again."""
 STASH_TTL_S = 60.0
 STASH_PER_TASK = 64
-
-Hold = Callable[[], Awaitable[None]]
-"""Releases what keeps the task's upstream conversation open (a session's channel), once it ended."""
 
 
 class Passthrough:
@@ -83,21 +70,12 @@ class Passthrough:
         self.registry = registry
         self._upstream = upstream
         self._config = config
-        self._metrics = metrics
         self._tokens: dict[tuple[str, object], Task] = {}
         """(channel tag, progress token of the creating request) -> task."""
         self._asked: TTLCache[tuple[str, RequestId], tuple[Task, str]] = TTLCache(4096, 3600)
         """(channel tag, request id) -> the task an upstream request was for, and its method."""
         self._stash: TTLCache[str, list[tuple[str | None, Message]]] = TTLCache(1024, STASH_TTL_S)
-        self._live: weakref.WeakKeyDictionary[UpstreamChannel, set[Task]] = weakref.WeakKeyDictionary()
-        """Each conversation's tasks not yet terminal (a lost conversation fails them); an entry goes
-        with its channel (a closed session's)."""
-        self._watchers: set[asyncio.Task[None]] = set()
-        self._pushes: dict[str, TaskPushes] = {}
-        """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
-        self._ask_ids = itertools.count(1)
-        self._pushed: set[str] = set()
-        """Tasks an upstream subscription pushes the changes of (2026-07-28): polls become a rare check."""
+        self._watcher = TaskWatcher(registry, upstream, config, metrics, self.observe)
         self._renamed: dict[tuple[str, str], str] = {}
         """(channel tag, upstream id) -> the client's id of a task watched again after a restart: it
         was named after a conversation of the process that learned it."""
@@ -158,7 +136,7 @@ class Passthrough:
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
         elif method == "tasks/result":  # the upstream says it ended: learn how with a tasks/get now
-            await self._feed(task, Event.RESULT_ANSWERED)
+            await self._watcher.feed(task, Event.RESULT_ANSWERED)
 
     async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
         ref = watched(task)
@@ -182,7 +160,7 @@ class Passthrough:
             outcome = ref.dialect.inlined_outcome(view)
             event = status_event(status, outcome, ref.dialect)
             # While the outcome is fetched the table ignores later views: `seen` keeps the end told.
-            if await self._feed(task, event, status, seen[1], outcome=outcome) is not None:
+            if await self._watcher.feed(task, event, status, seen[1], outcome=outcome) is not None:
                 ref.seen = seen
         requests = view.get("inputRequests")
         if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
@@ -309,7 +287,13 @@ class Passthrough:
         await self._observe_status(task, view, pushed=False)
         if token is not None:
             self._tokens[(channel.tag, token)] = task
-        self._start_watching(task, channel, hold)
+
+        async def release() -> None:
+            self._tokens.pop((channel.tag, token), None)
+            if hold is not None:
+                await hold()
+
+        self._watcher.start(task, channel, release)
         return task
 
     async def resume(self, task: Task) -> bool:
@@ -341,7 +325,7 @@ class Passthrough:
             self._renamed.pop(renamed, None)
             await hold()
 
-        self._start_watching(task, channel, release)
+        self._watcher.start(task, channel, release)
         return True
 
     async def _rejoin(self, task_id: str, era: Era, stored: UpstreamTaskRef) -> tuple[UpstreamChannel, Hold] | None:
@@ -354,186 +338,8 @@ class Passthrough:
         channel = None if stored.session is None else self._upstream.rejoin(stored.session, era.value)
         return None if channel is None else (channel, channel.close)
 
-    def _start_watching(self, task: Task, channel: UpstreamChannel, hold: Hold | None) -> None:
-        """Watch `task` on `channel` until it ends: pushes where the upstream sends them, polls, and
-        the conversation's loss."""
-        ref = watched(task)
-        # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
-        if not ref.dialect.tasks_in_session:
-            self._upstream.pin(task.id, channel)
-            if self._upstream.shared_stateless:
-                if channel.tag not in self._pushes:
-                    self._pushes[channel.tag] = TaskPushes(channel, self._covered_on(channel))
-                self._pushes[channel.tag].watch(task.id, ref.upstream_id)
-        if channel not in self._live:
-            self._live[channel] = set()
-            channel.on_loss(self._loss_listener(channel))
-        self._live[channel].add(task)
-        watcher = asyncio.create_task(self._watch(task, hold), name=f"watch-{task.id}")
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
-        task.cancel = _canceller(watcher)
-
-    # -- watching --------------------------------------------------------------------------------
-
-    def _interval_s(self, task: Task, ref: UpstreamTask) -> float:
-        low, high = self._config.upstream_poll_min_ms, self._config.upstream_poll_max_ms
-        if task.id in self._pushed:  # a poll only checks, now and then, that the subscription still works
-            return high / 1000
-        return min(max(ref.poll_interval_ms, low), high) / 1000
-
-    def _covered_on(self, channel: UpstreamChannel) -> Covered:
-        def covered(client_ids: set[str], fresh: bool) -> None:
-            for task in self._live.get(channel, ()):
-                if task.id not in client_ids:
-                    self._pushed.discard(task.id)
-                elif task.id not in self._pushed:
-                    self._pushed.add(task.id)
-                    if fresh:  # one poll: changes before the subscription were not pushed
-                        watched(task).wake.set()
-
-        return covered
-
-    async def _watch(self, task: Task, hold: Hold | None) -> None:
-        ref = watched(task)
-        self._metrics.upstream_tasks.inc()
-        try:
-            while not task.terminal:
-                if fetching(task):
-                    await self._end(task, await self._fetch_outcome(task))
-                    break
-                # Due one interval after the upstream last said something (a push, or the start of
-                # the last poll, so the poll's own round trip does not stretch the period).
-                wait = max(ref.heard_at, ref.polled_at) + self._interval_s(task, ref) - time.monotonic()
-                if wait > 0 and not await wait_any((task.done, ref.wake), wait):
-                    continue  # waited it out: due now, unless a push came meanwhile (recomputed)
-                if task.terminal or fetching(task):
-                    continue
-                ref.wake.clear()
-                ref.polled_at = time.monotonic()
-                await self._poll(task)
-        finally:
-            self._metrics.upstream_tasks.dec()
-            if (pushes := self._pushes.get(ref.channel.tag)) is not None:
-                pushes.unwatch(task.id)
-            self._tokens.pop((ref.channel.tag, ref.progress_token), None)
-            self._live.get(ref.channel, set()).discard(task)
-            self._pushed.discard(task.id)
-            if hold is not None:
-                await hold()
-
-    async def _poll(self, task: Task) -> None:
-        ref = watched(task)
-        self._metrics.upstream_task_polls.inc()
-        final = await self._ask_upstream(task, "tasks/get")
-        error = final.get("error") if final is not None else {"message": f"no answer within {ASK_TIMEOUT_S:g} s"}
-        if not isinstance(error, dict):
-            ref.failures = 0
-            return
-        if error.get("code") == jsonrpc.INVALID_PARAMS:
-            await self.fail(task, "the upstream no longer knows the task")
-            return
-        ref.failures += 1
-        if ref.failures >= POLL_FAILURES:
-            await self.fail(task, f"tasks/get failed {ref.failures} times in a row: {error.get('message')}")
-
-    async def _fetch_outcome(self, task: Task) -> Message:
-        """The ended task's outcome from the upstream: a 2025-11-25 `tasks/result` answer as it is, the
-        result or error inlined in a 2026-07-28 `tasks/get`; else an error saying why there is none."""
-        ref = watched(task)
-        method = ref.dialect.outcome_method
-        final = await self._ask_upstream(task, method)
-        if final is None:
-            return unavailable(f"the upstream did not answer {method} within {ASK_TIMEOUT_S:g} s")
-        outcome = ref.dialect.answered_outcome(final)
-        if outcome is not None:
-            return outcome
-        error = final.get("error")
-        cause = error.get("message") if isinstance(error, dict) else f"its {method} carried neither result nor error"
-        return unavailable(f"the upstream said the task ended, but {cause}")
-
-    async def _end(self, task: Task, outcome: Message) -> None:
-        """The record turns terminal as the upstream told, with `outcome` kept."""
-        told = watched(task).seen
-        assert told is not None
-        await self._feed(task, Event.OUTCOME_FETCHED, told[0], told[1], outcome=outcome)
-
-    async def _ask_upstream(self, task: Task, method: str) -> Message | None:
-        """Ask the upstream `method` about the task on its conversation (2026-07-28: the pooled channel
-        it is pinned to); its answer, or None after ASK_TIMEOUT_S."""
-        ref = watched(task)
-        kind = "poll" if method == "tasks/get" else method.removeprefix("tasks/")
-        request_id = f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}"
-        message, headers = ref.dialect.gateway_request(request_id, method, {"taskId": ref.upstream_id})
-        # A 2025-11-25 task lives in its session: asked there, with the session's headers.
-        if ref.dialect.tasks_in_session:
-            return await self._ask(ref.channel, message, {**ref.headers, **headers})
-        async with self._upstream.stateless(task.id) as channel:
-            channel.tap = self.observe
-            self._upstream.pin(task.id, channel)
-            return await self._ask(channel, message, headers)
-
-    async def _ask(self, channel: UpstreamChannel, message: Message, headers: Mapping[str, str]) -> Message | None:
-        exchange = await channel.request(message, headers)
-        try:
-            async with asyncio.timeout(ASK_TIMEOUT_S):
-                return (await exchange.collect())[-1]
-        except TimeoutError:
-            await exchange.cancel()
-            return None
-
-    async def fail(self, task: Task, cause: str) -> None:
-        """The task cannot end normally any more: a terminal `failed` naming the cause; or, when the
-        upstream already said it ended, that end with an outcome saying why it is unavailable."""
-        if fetching(task):  # it ended as told, without the outcome
-            await self._end(task, unavailable(cause))
-            return
-        outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
-        await self.registry.feed(task, Event.UPSTREAM_LOST, None, cause, outcome=outcome)
-
-    async def _feed(
-        self,
-        task: Task,
-        event: Event,
-        told: TaskStatus | None = None,
-        message: str | None = None,
-        *,
-        outcome: Message | None = None,
-    ) -> Transition | None:
-        """Feed what the upstream said to the lifecycle (at the upstream's time), and carry out the
-        watcher's commands: wake it to poll, or to fetch the outcome."""
-        ref = watched(task)
-        transition = await self.registry.feed(
-            task, event, told, message, outcome=outcome, updated_at=ref.last_updated_at or None
-        )
-        if transition is not None and {Command.POLL_UPSTREAM, Command.FETCH_OUTCOME} & set(transition.commands):
-            ref.wake.set()
-        return transition
-
-    def _loss_listener(self, channel: UpstreamChannel) -> Callable[[str], Awaitable[None]]:
-        async def lost(cause: str) -> None:
-            for task in list(self._live.get(channel, ())):
-                await self.fail(task, cause)
-
-        return lost
-
     async def stop(self) -> None:
-        for watcher in list(self._watchers):
-            watcher.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
-        for pushes in self._pushes.values():
-            await pushes.stop()
-
-
-def watched(task: Task) -> UpstreamTask:
-    """The upstream side of a task this module watches (set when it learns the task)."""
-    assert task.upstream is not None
-    return task.upstream
-
-
-def fetching(task: Task) -> bool:
-    """The upstream said the task ended, and the watcher fetches its outcome."""
-    return task.phase is Phase.FETCHING_OUTCOME
+        await self._watcher.stop()
 
 
 def status_event(status: TaskStatus, outcome: Message | None, dialect: Dialect) -> Event:
@@ -544,21 +350,3 @@ def status_event(status: TaskStatus, outcome: Message | None, dialect: Dialect) 
     if outcome is not None or (status is TaskStatus.CANCELLED and not dialect.cancelled_has_outcome):
         return Event.UPSTREAM_ENDED
     return Event.UPSTREAM_ENDED_UNFETCHED
-
-
-def unavailable(cause: str) -> Message:
-    """The outcome kept for an ended task whose result the gateway could not fetch: -32603 saying why."""
-    text = f"the task's result is unavailable: {cause}"
-    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": {"reason": RESULT_UNAVAILABLE}}}
-
-
-def _canceller(watcher: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
-    """What the registry calls when the task's record expires: stop watching (the upstream's task is
-    the upstream's business)."""
-
-    async def stop() -> None:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-    return stop
