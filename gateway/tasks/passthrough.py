@@ -250,27 +250,9 @@ class Passthrough:
         prefix = f"{channel.tag}."
         if view is None or not view["taskId"].startswith(prefix):
             return None
-        params = jsonrpc.params_of(request)
-        ttl = view.get(dialect.ttl_key)
-        poll = view.get(dialect.poll_key)
         upstream_id = view["taskId"][len(prefix) :]
-        created_at = view.get("createdAt")
-        try:
-            task = await self.registry.create(
-                owner,
-                str(params.get("name")),
-                ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
-                dialect=era.value,
-                task_id=view["taskId"],
-                poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
-                # The record tells the upstream's times, as it would.
-                created_at=created_at if isinstance(created_at, str) else None,
-                upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
-                arguments=params.get("arguments"),
-                hostedBy="upstream",
-            )
-        except (TaskLimitReached, TaskExists) as exc:
-            log.warning("not capturing an upstream task: %s", exc)
+        task = await self._record_created(owner, channel, era, request, view, upstream_id)
+        if task is None:
             return None
         token = jsonrpc.meta_of(request).get("progressToken")
         ref = UpstreamTask(channel, upstream_id, era, dict(headers), task.poll_interval_ms, token)
@@ -295,6 +277,34 @@ class Passthrough:
 
         self._watcher.start(task, channel, release)
         return task
+
+    async def _record_created(
+        self, owner: str, channel: UpstreamChannel, era: Era, request: Message, view: dict[str, Any], upstream_id: str
+    ) -> Task | None:
+        """The record of a task the upstream created (`view`: its Task, in client ids); None when the
+        gateway cannot hold one more (it is forwarded uncaptured)."""
+        dialect = dialect_of(era)
+        params = jsonrpc.params_of(request)
+        ttl = view.get(dialect.ttl_key)
+        poll = view.get(dialect.poll_key)
+        created_at = view.get("createdAt")
+        try:
+            return await self.registry.create(
+                owner,
+                str(params.get("name")),
+                ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
+                dialect=era.value,
+                task_id=view["taskId"],
+                poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
+                # The record tells the upstream's times, as it would.
+                created_at=created_at if isinstance(created_at, str) else None,
+                upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
+                arguments=params.get("arguments"),
+                hostedBy="upstream",
+            )
+        except (TaskLimitReached, TaskExists) as exc:
+            log.warning("not capturing an upstream task: %s", exc)
+            return None
 
     async def resume(self, task: Task) -> bool:
         """Watch again a task a previous process on these stores watched, under its stored upstream
