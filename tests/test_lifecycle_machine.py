@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
@@ -19,7 +20,7 @@ from gateway.events.capture import Capture
 from gateway.events.log import MemoryEventLog
 from gateway.metrics import Metrics
 from gateway.stores.memory import MemoryTaskStore
-from gateway.tasks.lifecycle import Event, Kind, LifecycleError, step
+from gateway.tasks.lifecycle import Event, Kind, LifecycleError, Phase, step
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskRegistry, outcome_cap
 
@@ -105,6 +106,20 @@ class TaskLives(RuleBasedStateMachine):
             assert set(names[names.index("task.terminal") + 1 :]) <= {EPILOGUE}  # nothing after the end but evictions
         else:
             assert "task.terminal" not in names and EPILOGUE not in names
+
+
+async def test_a_refused_event_is_logged_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    tasks = registry()
+    task = await tasks.create("alice", "build", None, dialect=DIALECT)
+    before = task.record
+    # A pass-through event for a hosted task: a driver's mistake.
+    assert await tasks.feed(task, Event.UPSTREAM_ENDED, TaskStatus.COMPLETED, outcome={"result": {}}) is None
+    assert "lifecycle: event refused" in caplog.text
+    assert task.record is before and task.phase is Phase.WORKING and not task.done.is_set()
+    stored = await tasks.store.find(task.id)
+    assert stored is not None and stored.status is TaskStatus.WORKING
+    assert len(await tasks.log.read(task.id, -1, 10)) == 1  # task.created only
+    await tasks.stop()
 
 
 TestTaskLives = TaskLives.TestCase

@@ -6,7 +6,8 @@ gateway-hosted task and a pass-through one (the upstream hosts it) share the tab
 a rule names the kinds it holds for. The eras do not differ here: what they do differ in (whether a
 cancelled task has an outcome to fetch, whether `isError` fails a task) decides which event a driver
 feeds, and is the dialect's (`gateway.protocol.dialect`). Anything the table does not allow raises
-`LifecycleError`: the driver logs and counts it, and the task's record stays as it was.
+`LifecycleError`: the registry logs it (a warning, `lifecycle: event refused`), and the task's
+record stays as it was.
 
 Pure: no I/O, no asyncio, nothing from the edge, the upstreams, the stores or the event log.
 """
@@ -144,8 +145,8 @@ class Command(enum.StrEnum):
 
 
 class LifecycleError(Exception):
-    """An event the table does not allow in the task's phase (a driver's mistake): logged and counted
-    by the driver; the task's record is left as it was."""
+    """An event the table does not allow in the task's phase (a driver's mistake): logged by the
+    registry as a warning; the task's record is left as it was."""
 
 
 TOLD = "told"
