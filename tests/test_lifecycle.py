@@ -1,6 +1,6 @@
 """Playbook of the task lifecycle table (`gateway.tasks.lifecycle`): every phase x event, for hosted and
-pass-through tasks, against the expectations written out below; and the table as `docs/architecture.md`
-draws it. In process, no I/O."""
+pass-through tasks, against the expectations written out below; what each era feeds it where the eras
+differ; and the table as `docs/architecture.md` draws it. In process, no I/O."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.protocol.dialect import LEGACY, MODERN, Dialect
+from gateway.tasks.answers import outcome_status
 from gateway.tasks.lifecycle import (
     TERMINAL,
     Command,
@@ -20,6 +22,7 @@ from gateway.tasks.lifecycle import (
     mermaid,
     step,
 )
+from gateway.tasks.passthrough import status_event
 from gateway.tasks.records import TaskStatus
 
 ENDS = "completed,failed,cancelled"
@@ -147,6 +150,24 @@ def test_no_ended_phase_leaves_the_ends() -> None:
     for phase, event, kind, told in CASES:
         if phase.terminal and event is not Event.CREATED and (told is None or event is not Event.STORE_FAULT):
             assert step(phase, event, kind, told).phase in TERMINAL
+
+
+@pytest.mark.parametrize("dialect", [LEGACY, MODERN], ids=["legacy", "modern"])
+def test_where_the_eras_differ_they_feed_different_events_to_one_table(dialect: Dialect) -> None:
+    legacy = dialect is LEGACY
+    # A hosted task: a tool result with isError fails it in 2025-11-25 only.
+    tool_error = {"result": {"content": [], "isError": True}}
+    assert outcome_status(tool_error, dialect)[0] is (TaskStatus.FAILED if legacy else TaskStatus.COMPLETED)
+    assert outcome_status({"error": {"code": -32603, "message": "m"}}, dialect) == (TaskStatus.FAILED, "m")
+    # A pass-through task: a cancelled one has an outcome to fetch in 2025-11-25 only.
+    cancelled = status_event(TaskStatus.CANCELLED, None, dialect)
+    assert cancelled is (Event.UPSTREAM_ENDED_UNFETCHED if legacy else Event.UPSTREAM_ENDED)
+    assert status_event(TaskStatus.COMPLETED, None, dialect) is Event.UPSTREAM_ENDED_UNFETCHED
+    assert status_event(TaskStatus.FAILED, {"error": {}}, dialect) is Event.UPSTREAM_ENDED
+    assert status_event(TaskStatus.INPUT_REQUIRED, None, dialect) is Event.UPSTREAM_STATUS
+    for phase in (Phase.WORKING, Phase.INPUT_REQUIRED, Phase.END_TOLD):
+        ended = step(phase, cancelled, Kind.PASSTHROUGH, TaskStatus.CANCELLED)
+        assert ended.phase is (Phase.FETCHING_OUTCOME if legacy else Phase.CANCELLED)
 
 
 DIAGRAM = re.compile(

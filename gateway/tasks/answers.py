@@ -1,5 +1,6 @@
-"""What the task methods of gateway-hosted tasks answer besides a task's view: the task's outcome as
-`tasks/result` gives it, and the errors of creating, cancelling and reaching a task. Plain messages."""
+"""What gateway-hosted tasks answer besides a task's view: how an upstream call's outcome ends the
+task, the outcome as `tasks/result` gives it, and the errors of creating, cancelling and reaching a
+task. Plain messages, no I/O."""
 
 from __future__ import annotations
 
@@ -7,10 +8,22 @@ from typing import Any
 
 from gateway.events.capture import RELATED_TASK_KEY
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import TaskDetails
+from gateway.protocol.dialect import Dialect, TaskDetails
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
-from gateway.tasks.records import TaskRecord
+from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.registry import TaskLimitReached
+
+
+def outcome_status(outcome: Message, dialect: Dialect) -> tuple[TaskStatus, str | None]:
+    """How a hosted task ends with its upstream call's `outcome`, and the status message saying why:
+    `failed` for an error, and for a tool result with `isError` where the dialect says so."""
+    error = outcome.get("error")
+    result = outcome.get("result")
+    if isinstance(error, dict):
+        return TaskStatus.FAILED, str(error.get("message", "error"))
+    if dialect.tool_error_fails_task and isinstance(result, dict) and result.get("isError"):
+        return TaskStatus.FAILED, "the tool reported an error (isError)"
+    return TaskStatus.COMPLETED, None
 
 
 def task_limit_error(exc: TaskLimitReached, request_id: RequestId) -> ProtocolError:

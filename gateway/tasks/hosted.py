@@ -27,7 +27,14 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
-from gateway.tasks.answers import already_ended, related_outcome, result_message, task_elsewhere, task_limit_error
+from gateway.tasks.answers import (
+    already_ended,
+    outcome_status,
+    related_outcome,
+    result_message,
+    task_elsewhere,
+    task_limit_error,
+)
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
 from gateway.tasks.lease_store import LeaseStore
 from gateway.tasks.lifecycle import Event
@@ -209,14 +216,7 @@ class HostedTasks:
         """The upstream call's outcome arrived (None: the call ended without one): the task ends with it."""
         if outcome is None:
             outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "the upstream call ended without a response")
-        error = outcome.get("error")
-        result = outcome.get("result")
-        if isinstance(error, dict):
-            status, message = TaskStatus.FAILED, str(error.get("message", "error"))
-        elif caller.dialect.tool_error_fails_task and isinstance(result, dict) and result.get("isError"):
-            status, message = TaskStatus.FAILED, "the tool reported an error (isError)"
-        else:
-            status, message = TaskStatus.COMPLETED, None
+        status, message = outcome_status(outcome, caller.dialect)
         await self.registry.feed(task, Event.OUTCOME_ARRIVED, status, message, outcome=outcome)
 
     async def stop(self) -> None:
