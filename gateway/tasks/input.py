@@ -153,7 +153,7 @@ class TaskInput:
                 fresh = fresh_key(key, number, task.input_keys)
                 task.input_keys.add(fresh)
                 shown[fresh], upstream_keys[fresh] = request, key
-            round_ = InputRound(shown, upstream_keys, state)
+            round_ = InputRound(shown, upstream_keys)
             task.input_round = round_
             stopped = asyncio.Event()
 

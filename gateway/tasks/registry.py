@@ -122,7 +122,6 @@ class InputRound:
     """The upstream's `inputRequests` under the keys the client sees (unique over the task's life)."""
     upstream_keys: dict[str, str]
     """Client-facing key -> the upstream's key for this round."""
-    request_state: Any = None
     responses: dict[str, Any] = field(default_factory=dict)
     """Answers so far, by client-facing key."""
     answered: asyncio.Event = field(default_factory=asyncio.Event)
