@@ -22,7 +22,7 @@ from gateway.protocol.dialect import LEGACY
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.stores.memory import MemoryTaskStore
-from gateway.tasks import passthrough as passthrough_module
+from gateway.tasks import watcher as watcher_module
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import Task, TaskRegistry, outcome_cap
 from gateway.upstream.base import Exchange
@@ -178,7 +178,7 @@ async def test_a_result_the_upstream_does_not_give_in_time_is_recorded_as_unavai
     setup: tuple[Passthrough, Unreachable], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     passthrough, channel = setup
-    monkeypatch.setattr(passthrough_module, "ASK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(watcher_module, "ASK_TIMEOUT_S", 0.2)
     task = await adopt_legacy(passthrough, channel, "u8")  # no answer scripted: tasks/result never answers
     await passthrough.observe(channel, None, push(legacy_task("u8", "completed", updated="T2")))
     async with asyncio.timeout(5):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.dialect import LEGACY, MODERN
-from gateway.tasks.passthrough import map_task_ids
+from gateway.tasks.task_ids import map_task_ids
 
 RELATED = "io.modelcontextprotocol/related-task"
 

@@ -15,6 +15,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.stores.memory import MemoryTaskStore
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import TaskRegistry, outcome_cap
@@ -56,7 +57,7 @@ async def test_a_new_process_fails_every_unfinished_task_it_cannot_resume_and_le
         "bob", "job", None, dialect=Era.MODERN.value, task_id="c0ffee.u1", upstream=UpstreamTaskRef("u1", "c0ffee")
     )
     ended = await dead.create("alice", "build", None, dialect=Era.LEGACY.value)
-    await dead.set_status(ended, TaskStatus.COMPLETED, outcome={"result": {"content": []}})
+    await dead.feed(ended, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome={"result": {"content": []}})
 
     started = process(store, log)
     upstream = ChildUpstream()

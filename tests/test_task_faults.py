@@ -17,6 +17,7 @@ from gateway.events.log import MemoryEventLog, StoreUnavailable
 from gateway.metrics import Metrics
 from gateway.protocol.era import Era
 from gateway.stores.memory import MemoryTaskStore
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import RUNNER_LOST, STORE_UNAVAILABLE, TaskRegistry, outcome_cap
 
@@ -100,7 +101,7 @@ async def test_writes_held_during_an_outage_land_in_order_when_the_store_returns
     switch.down = True
     await tasks.record(task, event(tasks, 1))
     await tasks.record(task, event(tasks, 2))
-    assert await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"result": {"content": []}})
+    assert await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome={"result": {"content": []}})
     assert task.terminal and tasks.writes.holds(task.id) and tasks.writes.down
     assert (await tasks.store.find(task.id)).status is TaskStatus.WORKING  # type: ignore[union-attr]
     switch.down = False
@@ -133,7 +134,7 @@ async def test_a_task_whose_writes_exceed_the_buffer_fails_and_the_store_learns_
     assert task.status is TaskStatus.FAILED and task.done.is_set()
     async with asyncio.timeout(WAIT):
         await cancelled.wait()  # the run is stopped at once
-    assert not await tasks.set_status(task, TaskStatus.COMPLETED)  # it has ended here
+    assert not await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED)  # it has ended here
     switch.down = False
     await until_written(tasks, task.id)
     stored = await tasks.store.find(task.id)
@@ -158,11 +159,11 @@ async def test_the_orphan_check_fails_a_hosted_task_without_a_runner_at_the_seco
     runner = asyncio.get_running_loop().create_future()
     running.runner = runner
     await tasks.check_orphans()
-    assert not orphan.terminal and orphan.orphaned  # one look: it may be about to start
+    assert not orphan.terminal and tasks.orphaned(orphan.id)  # one look: it may be about to start
     await tasks.check_orphans()
     assert orphan.status is TaskStatus.FAILED
     outcome = orjson.loads(await tasks.store.outcome(orphan.id) or b"{}")
     assert outcome["error"]["data"]["reason"] == RUNNER_LOST
-    assert not running.terminal and not running.orphaned
+    assert not running.terminal and not tasks.orphaned(running.id)
     runner.cancel()
     await tasks.stop()

@@ -15,6 +15,7 @@ from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import Era
 from gateway.stores.memory import MemoryTaskStore
 from gateway.tasks.hosted import related_outcome
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import SUMMARY_LIMIT_BYTES, Task, TaskLimitReached, TaskRegistry, outcome_cap
 
@@ -74,8 +75,10 @@ async def test_requested_ttl_is_capped_and_defaulted() -> None:
 async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None:
     tasks = registry()
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    assert await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"jsonrpc": "2.0", "id": 1, "result": {}})
-    assert not await tasks.set_status(task, TaskStatus.FAILED, "late")
+    assert await tasks.feed(
+        task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome={"jsonrpc": "2.0", "id": 1, "result": {}}
+    )
+    assert not await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.FAILED, "late")
     assert task.status is TaskStatus.COMPLETED and task.done.is_set()
     bounds = await log_bounds(tasks, task)
     events = await tasks.log.read(task.id, -1, 10)
@@ -86,7 +89,7 @@ async def test_terminal_states_never_change_and_the_log_ends_with_them() -> None
 async def test_with_events_disabled_nothing_is_recorded() -> None:
     tasks = registry(record_events=False)
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(task, TaskStatus.FAILED, "boom")
+    await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.FAILED, "boom")
     assert task.status is TaskStatus.FAILED
     assert (await log_bounds(tasks, task)).next_seq == 0
 
@@ -95,13 +98,13 @@ async def test_a_result_over_the_cap_is_kept_as_an_error_that_says_so() -> None:
     tasks = registry(retention={"max_result_bytes": 100})
     small = {"content": [{"type": "text", "text": "x" * 50}]}
     kept = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(kept, TaskStatus.COMPLETED, outcome={"result": small})
+    await tasks.feed(kept, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome={"result": small})
     assert kept.outcome == {"result": small}
 
     large = {"content": [{"type": "text", "text": "x" * 100}]}
     size = len(orjson.dumps(large))
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(task, TaskStatus.COMPLETED, outcome={"result": large})
+    await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome={"result": large})
     error = {
         "code": -32603,
         "message": f"the task's result ({size} bytes) exceeded the gateway's cap of 100 bytes and was not kept",
@@ -126,7 +129,7 @@ def result_bytes(chars: int) -> int:
 
 async def ended(tasks: TaskRegistry, chars: int, ttl_ms: int | None = None) -> Task:
     task = await tasks.create("a", "t", ttl_ms, dialect=DIALECT)
-    await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(chars))
+    await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome=text_result(chars))
     return task
 
 
@@ -136,7 +139,7 @@ async def test_the_results_budget_evicts_the_oldest_kept_results_first_and_logs_
     first, second, third = [await ended(tasks, 100) for _ in range(3)]
     assert tasks.kept_bytes == 3 * size
     cancelled = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(cancelled, TaskStatus.CANCELLED)  # no outcome: nothing kept, nothing evicted
+    await tasks.feed(cancelled, Event.CANCEL_REQUESTED)  # no outcome: nothing kept, nothing evicted
     assert tasks.kept_bytes == 3 * size and first.outcome == text_result(100)
 
     fourth = await ended(tasks, 100)
@@ -172,7 +175,7 @@ async def test_a_registry_started_on_the_stores_rebuilds_the_counts_the_budget_a
     evicted_before, ended_first, _ = [await ended(before, 100) for _ in range(3)]
     await asyncio.sleep(0.01)  # the records say when each ended to the millisecond
     # Evicts `evicted_before`: the error kept instead no longer counts, before or after the start.
-    await before.set_status(created_first, TaskStatus.COMPLETED, outcome=text_result(100))
+    await before.feed(created_first, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome=text_result(100))
     running = await before.create("a", "t", None, dialect=DIALECT)
     assert before.kept_bytes == 3 * size
 
@@ -186,7 +189,7 @@ async def test_a_registry_started_on_the_stores_rebuilds_the_counts_the_budget_a
 
     # The oldest ended kept result goes first: the one created first but ended last stays.
     newest = await after.create("b", "t", None, dialect=DIALECT)
-    await after.set_status(newest, TaskStatus.COMPLETED, outcome=text_result(100))
+    await after.feed(newest, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome=text_result(100))
     assert after.kept_bytes == 3 * size
     outcomes = {task.id: await after.store.outcome(task.id) for task in (evicted_before, ended_first, created_first)}
     evicted = [task_id for task_id, outcome in outcomes.items() if outcome != orjson.dumps(text_result(100))]
@@ -252,7 +255,7 @@ def test_max_result_bytes_must_fit_the_budget() -> None:
 async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task() -> None:
     tasks = registry()
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(task, TaskStatus.COMPLETED, "done", outcome=text_result(3))
+    await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, "done", outcome=text_result(3))
     stored = await tasks.store.get("a", task.id)
     assert stored is not None
     assert (stored.status, stored.status_message, stored.dialect) == (TaskStatus.COMPLETED, "done", DIALECT)
@@ -268,11 +271,11 @@ async def test_the_store_holds_what_another_process_needs_to_answer_for_the_task
 async def test_a_status_change_another_writer_got_to_first_loses_and_records_nothing() -> None:
     tasks = registry()
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    # Another writer (a second replica, say) ends the task behind this process's back, as set_status
+    # Another writer (a second replica, say) ends the task behind this process's back, as a status write
     # does: its two lifecycle events and the seal in one append, then the status in the store.
     await tasks.log.append(task.id, [b'{"other":1}', b'{"other":2}'], seal=True)
     assert await tasks.store.update_status(task.id, TaskStatus.WORKING, TaskStatus.CANCELLED, None, "T1")
-    assert not await tasks.set_status(task, TaskStatus.COMPLETED, outcome=text_result(3))
+    assert not await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome=text_result(3))
     stored = await tasks.store.find(task.id)
     assert stored is not None and stored.status is TaskStatus.CANCELLED
     assert await tasks.store.outcome(task.id) is None and tasks.kept_bytes == 0
@@ -284,7 +287,7 @@ async def test_a_large_outcome_summary_is_kept_in_the_record_only_as_its_status_
     tasks = registry()
     blocks = {"result": {"content": [{"type": "text", "text": "x"}] * 100}}
     task = await tasks.create("a", "t", None, dialect=DIALECT)
-    await tasks.set_status(task, TaskStatus.COMPLETED, outcome=blocks)
+    await tasks.feed(task, Event.OUTCOME_ARRIVED, TaskStatus.COMPLETED, outcome=blocks)
     events = await tasks.log.read(task.id, -1, 10)
     terminal = orjson.loads(b"{" + events[-1].body + b"}")["payload"]
     assert len(terminal["content"]) == 100  # the terminal event says it all

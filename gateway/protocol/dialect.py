@@ -96,6 +96,17 @@ class Dialect:
     """The tasks capability the gateway declares for an upstream that has none."""
     upstream_call_meta: Mapping[str, str]
     """`_meta` a hosted task's upstream call gets unless the client set it (what asks for its logs)."""
+    input_by_retry: bool
+    """Whether a call asks for input by ending `input_required` and being retried with the answers
+    (SEP-2663's MRTR) rather than with server-to-client requests on the way (2025-11-25), which a client
+    of this era cannot be sent."""
+    tasks_in_session: bool
+    """Whether an upstream's task lives in the session that created it (2025-11-25: the gateway asks
+    about it on that session's channel, with `session_headers`, and a restarted gateway rejoins that
+    session) rather than anywhere on the upstream (2026-07-28: requests about it go to pooled channels,
+    pinned to the task, and its pushes come on a `subscriptions/listen`)."""
+    session_headers: Mapping[str, str]
+    """The headers of the gateway's own requests in a session it rejoins (its protocol version)."""
 
     # -- task views ------------------------------------------------------------------------------
 
@@ -259,6 +270,9 @@ LEGACY = Dialect(
     capability_key="tasks",
     hosted_capability=HOSTED_TASKS_CAPABILITY,
     upstream_call_meta={},
+    input_by_retry=False,
+    tasks_in_session=True,
+    session_headers={"MCP-Protocol-Version": Era.LEGACY.value},
 )
 MODERN = Dialect(
     era=Era.MODERN,
@@ -275,6 +289,9 @@ MODERN = Dialect(
     capability_key=TASKS_EXTENSION,
     hosted_capability={},
     upstream_call_meta={LOG_LEVEL_KEY: "info"},
+    input_by_retry=True,
+    tasks_in_session=False,
+    session_headers={},
 )
 _DIALECTS = {Era.LEGACY: LEGACY, Era.MODERN: MODERN}
 

@@ -24,17 +24,27 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
 from gateway.events.capture import TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, TaskDetails, dialect_of, unknown_task
+from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
-from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, RequestId
-from gateway.protocol.names import RELATED_TASK_KEY
+from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
+from gateway.tasks.answers import (
+    already_ended,
+    outcome_status,
+    related_outcome,
+    result_message,
+    task_elsewhere,
+    task_limit_error,
+)
 from gateway.tasks.input import MAX_INPUT_ROUNDS, TaskInput, UpstreamCall, input_required, input_responses
 from gateway.tasks.lease_store import LeaseStore
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.reads import StoredTask, TaskReads
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.registry import InputListener, StatusListener, Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import InvalidCursor
 from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UpstreamChannel
+
+__all__ = ["Caller", "HostedTasks", "related_outcome", "task_elsewhere"]
 
 log = logging.getLogger("gateway.tasks.hosted")
 
@@ -52,18 +62,6 @@ class Caller:
     @property
     def dialect(self) -> Dialect:
         return dialect_of(self.era)
-
-
-def task_limit_error(exc: TaskLimitReached, request_id: RequestId) -> ProtocolError:
-    """The gateway-wide ceiling is an overload (503, Retry-After); the per-caller one stays a plain error."""
-    if exc.total:
-        remedy = "retry later: tasks leave the count when their ttl runs out; ask for a shorter ttl"
-        return Overloaded("tasks.max_tasks_total", str(exc), remedy, request_id=request_id)
-    return ProtocolError(jsonrpc.INTERNAL_ERROR, f"Too many tasks: {exc}", request_id=request_id)
-
-
-def result_message(request_id: RequestId, result: dict[str, Any]) -> Message:
-    return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
 class HostedTasks:
@@ -155,7 +153,7 @@ class HostedTasks:
                     outcome = await self._consume(task, caller, call, exchange)
                     # Only a 2026-07-28 call ends asking for input (MRTR) and is retried; a 2025-11-25
                     # call asks with requests on the way (see `_server_request`).
-                    if caller.era is not Era.MODERN or not input_required(outcome) or task.terminal:
+                    if not caller.dialect.input_by_retry or not input_required(outcome) or task.terminal:
                         break
                     rounds += 1
                     if rounds > MAX_INPUT_ROUNDS:
@@ -206,7 +204,7 @@ class HostedTasks:
             await call.channel.respond(result_message(message["id"], {}), call.headers)
             return
         # A 2026-07-28 client cannot be asked mid-call (MRTR replaced these requests); never hang.
-        if caller.era is Era.MODERN or task.terminal:
+        if caller.dialect.input_by_retry or task.terminal:
             text = f"Method not found: {method} cannot reach the client of this task"
             await call.channel.respond(
                 jsonrpc.error_response(message["id"], jsonrpc.METHOD_NOT_FOUND, text), call.headers
@@ -215,19 +213,11 @@ class HostedTasks:
         await self.input.request(task, message)
 
     async def finish(self, task: Task, caller: Caller, outcome: Message | None) -> None:
-        if task.terminal:
-            return
+        """The upstream call's outcome arrived (None: the call ended without one): the task ends with it."""
         if outcome is None:
             outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "the upstream call ended without a response")
-        error = outcome.get("error")
-        result = outcome.get("result")
-        if isinstance(error, dict):
-            status, message = TaskStatus.FAILED, str(error.get("message", "error"))
-        elif caller.dialect.tool_error_fails_task and isinstance(result, dict) and result.get("isError"):
-            status, message = TaskStatus.FAILED, "the tool reported an error (isError)"
-        else:
-            status, message = TaskStatus.COMPLETED, None
-        await self.registry.set_status(task, status, message, outcome=outcome)
+        status, message = outcome_status(outcome, caller.dialect)
+        await self.registry.feed(task, Event.OUTCOME_ARRIVED, status, message, outcome=outcome)
 
     async def stop(self) -> None:
         for runner in list(self._runners):
@@ -353,42 +343,4 @@ class HostedTasks:
     async def cancel(self, task: Task, request_id: RequestId) -> None:
         if task.terminal:
             raise already_ended(task.record, request_id)
-        hook, task.cancel = task.cancel, None
-        await self.registry.set_status(task, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON)
-        if hook is not None:
-            await hook()
-
-
-def already_ended(record: TaskRecord, request_id: RequestId) -> ProtocolError:
-    return ProtocolError(
-        jsonrpc.INVALID_PARAMS,
-        f"Invalid params: task is already {record.status.value} and cannot be cancelled",
-        request_id=request_id,
-    )
-
-
-def task_elsewhere(record: TaskRecord, request_id: RequestId) -> ProtocolError:
-    """-32603 for a cancel or an input answer of a running task no process here runs, on a store without
-    owner leases (memory, SQLite: only one process uses it, and that one takes over every unfinished task
-    before it serves, so this is only seen if that went wrong). On shared stores (Redis) the request is
-    recorded for the replica that runs the task instead (`LeaseStore`)."""
-    return ProtocolError(
-        jsonrpc.INTERNAL_ERROR,
-        "Internal error: the task is running in another gateway process; this request must reach that process",
-        data={"reason": "task_elsewhere", "taskId": record.id},
-        request_id=request_id,
-    )
-
-
-def related_outcome(task: TaskDetails, request_id: RequestId) -> Message:
-    """What tasks/result returns: exactly the upstream's result or error, tagged with related-task."""
-    related = {RELATED_TASK_KEY: {"taskId": task.id}}
-    outcome = task.outcome
-    if outcome is not None and isinstance(outcome.get("result"), dict):
-        result = outcome["result"]
-        return result_message(request_id, {**result, "_meta": {**(result.get("_meta") or {}), **related}})
-    if outcome is not None and isinstance(outcome.get("error"), dict):
-        return {"jsonrpc": "2.0", "id": request_id, "error": outcome["error"]}
-    error = jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, f"Task {task.status}")
-    error["error"]["data"] = {"_meta": related}
-    return error
+        await self.registry.feed(task, Event.CANCEL_REQUESTED, None, CLIENT_CANCEL_REASON)  # stops the call too

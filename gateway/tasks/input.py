@@ -22,7 +22,7 @@ from gateway.events.summaries import method_of, summarize_answer, summarize_requ
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.protocol.names import RELATED_TASK_KEY
-from gateway.tasks.records import TaskStatus
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.registry import InputRound, PendingRequest, Task, TaskRegistry
 from gateway.upstream.base import UpstreamChannel
 from gateway.waiting import wait_any
@@ -105,10 +105,7 @@ class TaskInput:
         method = str(message.get("method"))
         pending = PendingRequest(with_related_task(message, task.id))
         task.pending_requests[pending.id] = pending
-        if task.status is not TaskStatus.INPUT_REQUIRED:
-            await self._registry.set_status(
-                task, TaskStatus.INPUT_REQUIRED, f"waiting for the client to answer {method}"
-            )
+        await self._registry.feed(task, Event.INPUT_REQUESTED, None, f"waiting for the client to answer {method}")
         requested = self._registry.capture.lifecycle(
             "input.requested", method=method, requestId=pending.id, **summarize_request(message)
         )
@@ -136,8 +133,8 @@ class TaskInput:
             "input.answered", method=method, requestId=pending.id, **summarize_answer(response)
         )
         await self._registry.record(task, answered)
-        if not task.pending_requests and task.status is TaskStatus.INPUT_REQUIRED:
-            await self._registry.set_status(task, TaskStatus.WORKING)
+        if not task.pending_requests:
+            await self._registry.feed(task, Event.INPUT_ANSWERED)
         await call.channel.respond(response, headers)
 
     # -- 2026-07-28: input_required rounds (MRTR) ----------------------------------------------------
@@ -156,7 +153,7 @@ class TaskInput:
                 fresh = fresh_key(key, number, task.input_keys)
                 task.input_keys.add(fresh)
                 shown[fresh], upstream_keys[fresh] = request, key
-            round_ = InputRound(shown, upstream_keys, state)
+            round_ = InputRound(shown, upstream_keys)
             task.input_round = round_
             stopped = asyncio.Event()
 
@@ -164,8 +161,8 @@ class TaskInput:
                 stopped.set()
 
             task.cancel = stop
-            await self._registry.set_status(
-                task, TaskStatus.INPUT_REQUIRED, "waiting for input: answer inputRequests with tasks/update"
+            await self._registry.feed(
+                task, Event.INPUT_REQUESTED, None, "waiting for input: answer inputRequests with tasks/update"
             )
             capture = self._registry.capture
             await self._registry.record(
@@ -217,5 +214,5 @@ class TaskInput:
         if events:
             await self._registry.record(task, *events)
         if complete:
-            await self._registry.set_status(task, TaskStatus.WORKING)
+            await self._registry.feed(task, Event.INPUT_ANSWERED)
             round_.answered.set()

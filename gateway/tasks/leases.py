@@ -90,7 +90,7 @@ class OwnerLeases:
         running: list[str] = []
         for task_id in self._store.leased():
             task = self._registry.find(task_id)
-            if task is not None and task.orphaned:
+            if task is not None and self._registry.orphaned(task_id):
                 continue  # no live runner here: not renewed, so another replica takes it over
             (ended if task is None or task.terminal else running).append(task_id)
         await self._store.release(ended)

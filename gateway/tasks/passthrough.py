@@ -4,7 +4,7 @@ Ids. An upstream's task id is unique only within its conversation (a stdio proce
 so clients see `<channel tag>.<upstream id>`: the channel's random tag namespaces it, and it can never
 equal a gateway-hosted id (32 hex digits, no dot). Clients must treat it as opaque. Ids are rewritten
 to the client's form on everything the upstream sends (the channel `Tap`, `observe`) and back on the
-client's task requests (`route`).
+client's task requests (`route`; the mapping itself is `task_ids`).
 
 Learning. A task is known from the CreateTaskResult the gateway forwards (`adopt`), which binds it to
 the caller. Messages about it that arrive first (server-everything pushes a status before it answers)
@@ -17,10 +17,9 @@ Capture. For known tasks the tap records status pushes (`notifications/tasks/sta
 `notifications/tasks`) and status answers (`tasks/get`, legacy `tasks/cancel`) as `task.status` events
 when status or statusMessage changed, newly shown `inputRequests`, progress for the creating request's
 token, notifications with related-task `_meta`, and the upstream's requests for the task
-(`input.requested`; the client's answer is `input.answered`). One watcher per task polls `tasks/get`
-when no push came for a poll interval (rarely, while a 2026-07-28 subscription covers it: see
-`pushes`), keeps the upstream conversation open until the task ends, and fails the task (naming the
-cause) when the upstream loses it.
+(`input.requested`; the client's answer is `input.answered`). What a view says of the task's status
+is a lifecycle event (`status_event`); one watcher per task (`watcher`) polls, and fails the task
+when the upstream loses it.
 
 Outcome. When the upstream says a task ended, its outcome goes into the task record before the record
 turns terminal: inlined in a 2026-07-28 view, else fetched at once by the watcher (2025-11-25
@@ -31,14 +30,10 @@ answers the task's requests (see the endpoint), so they work after the upstream 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from cachetools import TTLCache
@@ -50,126 +45,24 @@ from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import TASK_EVENT, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, RequestId
-from gateway.protocol.names import RELATED_TASK_KEY
-from gateway.tasks.pushes import ACKNOWLEDGED, Covered, TaskPushes
+from gateway.tasks.lifecycle import Event, Phase
+from gateway.tasks.pushes import ACKNOWLEDGED
 from gateway.tasks.records import TaskStatus, UpstreamTaskRef
 from gateway.tasks.registry import Task, TaskLimitReached, TaskRegistry
 from gateway.tasks.store import TaskExists
+from gateway.tasks.task_ids import STATUS_PUSHES, map_task_ids
+from gateway.tasks.watch import UpstreamTask
+from gateway.tasks.watcher import ASK_TIMEOUT_S, Hold, TaskWatcher, watched
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.waiting import wait_any
 
 log = logging.getLogger("gateway.tasks.passthrough")
 
-STATUS_PUSHES = frozenset({"notifications/tasks/status", "notifications/tasks"})
-_NAMING_TASK = STATUS_PUSHES | {TASK_EVENT}
-"""Notifications whose `params.taskId` names a task."""
 _STATUS_ANSWERS = frozenset({"tasks/get", "tasks/cancel"})
-ASK_ID_PREFIX = "mcp-task-gateway-"
-"""The gateway's own requests about a task: `mcp-task-gateway-poll-N` (tasks/get), `-result-N`."""
-ASK_TIMEOUT_S = 10.0
-RESULT_UNAVAILABLE = "result_unavailable"
-"""`data.reason` of the error kept when the gateway could not fetch an ended task's outcome."""
-POLL_FAILURES = 3
-"""Failed polls in a row (no answer, transport errors) after which the task is failed."""
 CAPTURE_INTERRUPTED = "capture.interrupted"
 """The event marking a gap in a task's capture: the process watching it ended, this one watches again."""
 STASH_TTL_S = 60.0
 STASH_PER_TASK = 64
-
-Hold = Callable[[], Awaitable[None]]
-"""Releases what keeps the task's upstream conversation open (a session's channel), once it ended."""
-
-
-@dataclass(eq=False)
-class UpstreamTask:
-    """What the gateway knows of a task on the upstream: where it lives and what was last observed."""
-
-    channel: UpstreamChannel
-    upstream_id: str
-    era: Era
-    headers: dict[str, str]
-    """Sent with the gateway's own polls (a legacy session's protocol version)."""
-    poll_interval_ms: int
-    progress_token: object = None
-    heard_at: float = field(default_factory=time.monotonic)
-    """When the upstream last pushed a status (monotonic): polls wait while pushes keep coming."""
-    polled_at: float = field(default_factory=time.monotonic)
-    seen: tuple[TaskStatus, str | None] | None = None
-    last_updated_at: str = ""
-    input_keys: set[str] = field(default_factory=set)
-    failures: int = 0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set to poll at once (a legacy tasks/result answered: the task just ended), or to fetch the outcome."""
-    ending: bool = False
-    """The upstream said the task ended; the watcher fetches its outcome, then the record turns terminal."""
-    result_answered: bool = False
-    """A forwarded tasks/result was answered: the task ended (how, a poll learns: see `wake`)."""
-    listening: bool = False
-    """An upstream subscription pushes this task's changes (2026-07-28): polls become a rare check."""
-
-    @property
-    def dialect(self) -> Dialect:
-        return dialect_of(self.era)
-
-
-def map_task_ids(message: Message, method: str | None, convert: Callable[[str], str]) -> Message:
-    """`message` from the upstream with every task id it carries passed through `convert`: a status
-    push's or task event's `taskId`, related-task `_meta`, a subscription acknowledgement's `taskIds`,
-    and the ids in the answers to tools/call and tasks/* (an error's `data.taskId`, as in `events_gone`)."""
-    params = message.get("params")
-    if isinstance(params, dict):
-        changed = _map_related(params, convert)
-        if message.get("method") in _NAMING_TASK and isinstance(params.get("taskId"), str):
-            changed = {**(changed or params), "taskId": convert(params["taskId"])}
-        filters = params.get("notifications")
-        if (
-            message.get("method") == ACKNOWLEDGED
-            and isinstance(filters, dict)
-            and isinstance(filters.get("taskIds"), list)
-        ):
-            ids = [convert(task_id) if isinstance(task_id, str) else task_id for task_id in filters["taskIds"]]
-            changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
-        return message if changed is None else {**message, "params": changed}
-    error = message.get("error")
-    data = error.get("data") if isinstance(error, dict) else None
-    if isinstance(data, dict) and isinstance(data.get("taskId"), str) and (method or "").startswith("tasks/"):
-        assert isinstance(error, dict)
-        return {**message, "error": {**error, "data": {**data, "taskId": convert(data["taskId"])}}}
-    result = message.get("result")
-    if not isinstance(result, dict):
-        return message
-    mapped = _map_related(result, convert) or result
-    if (
-        method == "tools/call"
-        and isinstance(mapped.get("task"), dict)
-        and isinstance(mapped["task"].get("taskId"), str)
-    ):
-        mapped = {**mapped, "task": {**mapped["task"], "taskId": convert(mapped["task"]["taskId"])}}
-    elif (method == "tools/call" and mapped.get("resultType") == "task") or (
-        method is not None and method.startswith("tasks/") and method != "tasks/list"
-    ):
-        if isinstance(mapped.get("taskId"), str):
-            mapped = {**mapped, "taskId": convert(mapped["taskId"])}
-    elif method == "tasks/list" and isinstance(mapped.get("tasks"), list):
-        mapped = {
-            **mapped,
-            "tasks": [
-                {**task, "taskId": convert(task["taskId"])}
-                if isinstance(task, dict) and isinstance(task.get("taskId"), str)
-                else task
-                for task in mapped["tasks"]
-            ],
-        }
-    return message if mapped is result else {**message, "result": mapped}
-
-
-def _map_related(container: dict[str, Any], convert: Callable[[str], str]) -> dict[str, Any] | None:
-    meta = container.get("_meta")
-    related = meta.get(RELATED_TASK_KEY) if isinstance(meta, dict) else None
-    if not isinstance(related, dict) or not isinstance(related.get("taskId"), str):
-        return None
-    assert isinstance(meta, dict)
-    return {**container, "_meta": {**meta, RELATED_TASK_KEY: {**related, "taskId": convert(related["taskId"])}}}
 
 
 class Passthrough:
@@ -177,19 +70,12 @@ class Passthrough:
         self.registry = registry
         self._upstream = upstream
         self._config = config
-        self._metrics = metrics
         self._tokens: dict[tuple[str, object], Task] = {}
         """(channel tag, progress token of the creating request) -> task."""
         self._asked: TTLCache[tuple[str, RequestId], tuple[Task, str]] = TTLCache(4096, 3600)
         """(channel tag, request id) -> the task an upstream request was for, and its method."""
         self._stash: TTLCache[str, list[tuple[str | None, Message]]] = TTLCache(1024, STASH_TTL_S)
-        self._live: weakref.WeakKeyDictionary[UpstreamChannel, set[Task]] = weakref.WeakKeyDictionary()
-        """Each conversation's tasks not yet terminal (a lost conversation fails them); an entry goes
-        with its channel (a closed session's)."""
-        self._watchers: set[asyncio.Task[None]] = set()
-        self._pushes: dict[str, TaskPushes] = {}
-        """Channel tag -> the task subscription on that (shared, 2026-07-28) channel."""
-        self._ask_ids = itertools.count(1)
+        self._watcher = TaskWatcher(registry, upstream, config, metrics, self.observe)
         self._renamed: dict[tuple[str, str], str] = {}
         """(channel tag, upstream id) -> the client's id of a task watched again after a restart: it
         was named after a conversation of the process that learned it."""
@@ -231,7 +117,7 @@ class Passthrough:
         return message
 
     async def _capture(self, task: Task, method: str | None, message: Message) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         capture = self.registry.capture
         kind = message.get("method")
         if kind == TASK_EVENT:
@@ -249,12 +135,11 @@ class Passthrough:
                 await self.registry.record(task, event)
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
-        elif method == "tasks/result" and not task.terminal:
-            ref.result_answered = True
-            ref.wake.set()  # the upstream says it ended: learn how with a tasks/get now
+        elif method == "tasks/result":  # the upstream says it ended: learn how with a tasks/get now
+            await self._watcher.feed(task, Event.RESULT_ANSWERED)
 
     async def _observe_status(self, task: Task, view: Mapping[str, Any], *, pushed: bool) -> None:
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         if pushed:
             ref.heard_at = time.monotonic()
         try:
@@ -271,20 +156,12 @@ class Passthrough:
             ref.poll_interval_ms = interval
         text = view.get("statusMessage")
         seen = (status, text if isinstance(text, str) else None)
-        if seen != ref.seen and not task.terminal and not ref.ending:
-            ref.seen = seen
+        if seen != ref.seen:
             outcome = ref.dialect.inlined_outcome(view)
-            if (
-                status.terminal
-                and outcome is None
-                and (ref.dialect.cancelled_has_outcome or status is not TaskStatus.CANCELLED)
-            ):
-                ref.ending = True  # the record turns terminal with the outcome in it: the watcher fetches it
-                ref.wake.set()
-            else:
-                await self.registry.set_status(
-                    task, status, seen[1], outcome=outcome, updated_at=ref.last_updated_at or None
-                )
+            event = status_event(status, outcome, ref.dialect)
+            # While the outcome is fetched the table ignores later views: `seen` keeps the end told.
+            if await self._watcher.feed(task, event, status, seen[1], outcome=outcome) is not None:
+                ref.seen = seen
         requests = view.get("inputRequests")
         if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
             for key, request in requests.items():
@@ -303,8 +180,9 @@ class Passthrough:
         A 2026-07-28 view that tells an end inlines the outcome (the tap made the record terminal
         already); one that leaves it out is fetched on the pooled process the forwarded request holds
         until its answer is written, so waiting there would stall both."""
-        ref: UpstreamTask = task.upstream
-        if ref.era is Era.LEGACY and (ref.ending or ref.result_answered) and not task.terminal:
+        ref = watched(task)
+        # Only 2025-11-25 waits: see above.
+        if ref.dialect.tasks_in_session and task.phase in (Phase.END_TOLD, Phase.FETCHING_OUTCOME):
             await wait_any((task.done,), ASK_TIMEOUT_S)
 
     async def _record_lifecycle(self, task: Task, name: str, **payload: Any) -> None:
@@ -342,13 +220,13 @@ class Passthrough:
         task = self.registry.get(owner, params.get("taskId"))
         if task is None or task.upstream is None:
             raise unknown_task(message["id"])
-        ref: UpstreamTask = task.upstream
+        ref = watched(task)
         rewritten = {**message, "params": {**params, "taskId": ref.upstream_id}}
         upstream_headers = {
             name: ref.upstream_id if name.lower() == "mcp-name" else value for name, value in headers.items()
         }
         # 2026-07-28 requests go to pooled channels: this one must reach the channel that holds the task.
-        if ref.era is Era.MODERN:
+        if not ref.dialect.tasks_in_session:
             self._upstream.pin(task.id, ref.channel)
         return task, rewritten, upstream_headers
 
@@ -372,27 +250,9 @@ class Passthrough:
         prefix = f"{channel.tag}."
         if view is None or not view["taskId"].startswith(prefix):
             return None
-        params = jsonrpc.params_of(request)
-        ttl = view.get(dialect.ttl_key)
-        poll = view.get(dialect.poll_key)
         upstream_id = view["taskId"][len(prefix) :]
-        created_at = view.get("createdAt")
-        try:
-            task = await self.registry.create(
-                owner,
-                str(params.get("name")),
-                ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
-                dialect=era.value,
-                task_id=view["taskId"],
-                poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
-                # The record tells the upstream's times, as it would.
-                created_at=created_at if isinstance(created_at, str) else None,
-                upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
-                arguments=params.get("arguments"),
-                hostedBy="upstream",
-            )
-        except (TaskLimitReached, TaskExists) as exc:
-            log.warning("not capturing an upstream task: %s", exc)
+        task = await self._record_created(owner, channel, era, request, view, upstream_id)
+        if task is None:
             return None
         token = jsonrpc.meta_of(request).get("progressToken")
         ref = UpstreamTask(channel, upstream_id, era, dict(headers), task.poll_interval_ms, token)
@@ -409,8 +269,42 @@ class Passthrough:
         await self._observe_status(task, view, pushed=False)
         if token is not None:
             self._tokens[(channel.tag, token)] = task
-        self._start_watching(task, channel, hold)
+
+        async def release() -> None:
+            self._tokens.pop((channel.tag, token), None)
+            if hold is not None:
+                await hold()
+
+        self._watcher.start(task, channel, release)
         return task
+
+    async def _record_created(
+        self, owner: str, channel: UpstreamChannel, era: Era, request: Message, view: dict[str, Any], upstream_id: str
+    ) -> Task | None:
+        """The record of a task the upstream created (`view`: its Task, in client ids); None when the
+        gateway cannot hold one more (it is forwarded uncaptured)."""
+        dialect = dialect_of(era)
+        params = jsonrpc.params_of(request)
+        ttl = view.get(dialect.ttl_key)
+        poll = view.get(dialect.poll_key)
+        created_at = view.get("createdAt")
+        try:
+            return await self.registry.create(
+                owner,
+                str(params.get("name")),
+                ttl if isinstance(ttl, int) else self._config.max_ttl_ms,
+                dialect=era.value,
+                task_id=view["taskId"],
+                poll_interval_ms=poll if isinstance(poll, int) and poll > 0 else None,
+                # The record tells the upstream's times, as it would.
+                created_at=created_at if isinstance(created_at, str) else None,
+                upstream=UpstreamTaskRef(upstream_id, channel.tag, channel.rejoin_handle),
+                arguments=params.get("arguments"),
+                hostedBy="upstream",
+            )
+        except (TaskLimitReached, TaskExists) as exc:
+            log.warning("not capturing an upstream task: %s", exc)
+            return None
 
     async def resume(self, task: Task) -> bool:
         """Watch again a task a previous process on these stores watched, under its stored upstream
@@ -428,7 +322,7 @@ class Passthrough:
         channel.tap = self.observe
         renamed = (channel.tag, stored.upstream_id)
         self._renamed[renamed] = task.id
-        headers = {"MCP-Protocol-Version": era.value} if era is Era.LEGACY else {}
+        headers = dict(dialect_of(era).session_headers)
         ref = UpstreamTask(channel, stored.upstream_id, era, headers, task.poll_interval_ms)
         ref.seen = (task.status, task.status_message)
         ref.last_updated_at = task.last_updated_at
@@ -441,12 +335,12 @@ class Passthrough:
             self._renamed.pop(renamed, None)
             await hold()
 
-        self._start_watching(task, channel, release)
+        self._watcher.start(task, channel, release)
         return True
 
     async def _rejoin(self, task_id: str, era: Era, stored: UpstreamTaskRef) -> tuple[UpstreamChannel, Hold] | None:
         """The conversation holding a task a previous process watched, and what releases it; None if gone."""
-        if era is Era.MODERN:
+        if not dialect_of(era).tasks_in_session:
             if not self._upstream.outlives_gateway:
                 return None
             holder = contextlib.AsyncExitStack()
@@ -454,170 +348,15 @@ class Passthrough:
         channel = None if stored.session is None else self._upstream.rejoin(stored.session, era.value)
         return None if channel is None else (channel, channel.close)
 
-    def _start_watching(self, task: Task, channel: UpstreamChannel, hold: Hold | None) -> None:
-        """Watch `task` on `channel` until it ends: pushes where the upstream sends them, polls, and
-        the conversation's loss."""
-        ref: UpstreamTask = task.upstream
-        # 2026-07-28: pooled channels (pinned to the task), and pushes only on a subscriptions/listen.
-        if ref.era is Era.MODERN:
-            self._upstream.pin(task.id, channel)
-            if self._upstream.shared_stateless:
-                if channel.tag not in self._pushes:
-                    self._pushes[channel.tag] = TaskPushes(channel, self._covered_on(channel))
-                self._pushes[channel.tag].watch(task.id, ref.upstream_id)
-        if channel not in self._live:
-            self._live[channel] = set()
-            channel.on_loss(self._loss_listener(channel))
-        self._live[channel].add(task)
-        watcher = asyncio.create_task(self._watch(task, hold), name=f"watch-{task.id}")
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
-        task.cancel = _canceller(watcher)
-
-    # -- watching --------------------------------------------------------------------------------
-
-    def _interval_s(self, ref: UpstreamTask) -> float:
-        low, high = self._config.upstream_poll_min_ms, self._config.upstream_poll_max_ms
-        if ref.listening:  # pushed: a poll only checks, now and then, that the subscription still works
-            return high / 1000
-        return min(max(ref.poll_interval_ms, low), high) / 1000
-
-    def _covered_on(self, channel: UpstreamChannel) -> Covered:
-        def covered(client_ids: set[str], fresh: bool) -> None:
-            for task in self._live.get(channel, ()):
-                ref: UpstreamTask = task.upstream
-                now = task.id in client_ids
-                if now and fresh and not ref.listening:
-                    ref.wake.set()  # one poll: changes before the subscription were not pushed
-                ref.listening = now
-
-        return covered
-
-    async def _watch(self, task: Task, hold: Hold | None) -> None:
-        ref: UpstreamTask = task.upstream
-        self._metrics.upstream_tasks.inc()
-        try:
-            while not task.terminal:
-                if ref.ending:
-                    await self._end(task, await self._fetch_outcome(task))
-                    break
-                # Due one interval after the upstream last said something (a push, or the start of
-                # the last poll, so the poll's own round trip does not stretch the period).
-                wait = max(ref.heard_at, ref.polled_at) + self._interval_s(ref) - time.monotonic()
-                if wait > 0 and not await wait_any((task.done, ref.wake), wait):
-                    continue  # waited it out: due now, unless a push came meanwhile (recomputed)
-                if task.terminal or ref.ending:
-                    continue
-                ref.wake.clear()
-                ref.polled_at = time.monotonic()
-                await self._poll(task)
-        finally:
-            self._metrics.upstream_tasks.dec()
-            if (pushes := self._pushes.get(ref.channel.tag)) is not None:
-                pushes.unwatch(task.id)
-            self._tokens.pop((ref.channel.tag, ref.progress_token), None)
-            self._live.get(ref.channel, set()).discard(task)
-            if hold is not None:
-                await hold()
-
-    async def _poll(self, task: Task) -> None:
-        ref: UpstreamTask = task.upstream
-        self._metrics.upstream_task_polls.inc()
-        final = await self._ask_upstream(task, "tasks/get")
-        error = final.get("error") if final is not None else {"message": f"no answer within {ASK_TIMEOUT_S:g} s"}
-        if not isinstance(error, dict):
-            ref.failures = 0
-            return
-        if error.get("code") == jsonrpc.INVALID_PARAMS:
-            await self.fail(task, "the upstream no longer knows the task")
-            return
-        ref.failures += 1
-        if ref.failures >= POLL_FAILURES:
-            await self.fail(task, f"tasks/get failed {ref.failures} times in a row: {error.get('message')}")
-
-    async def _fetch_outcome(self, task: Task) -> Message:
-        """The ended task's outcome from the upstream: a 2025-11-25 `tasks/result` answer as it is, the
-        result or error inlined in a 2026-07-28 `tasks/get`; else an error saying why there is none."""
-        ref: UpstreamTask = task.upstream
-        method = ref.dialect.outcome_method
-        final = await self._ask_upstream(task, method)
-        if final is None:
-            return unavailable(f"the upstream did not answer {method} within {ASK_TIMEOUT_S:g} s")
-        outcome = ref.dialect.answered_outcome(final)
-        if outcome is not None:
-            return outcome
-        error = final.get("error")
-        cause = error.get("message") if isinstance(error, dict) else f"its {method} carried neither result nor error"
-        return unavailable(f"the upstream said the task ended, but {cause}")
-
-    async def _end(self, task: Task, outcome: Message) -> None:
-        """The record turns terminal as the upstream last described it, with `outcome` kept."""
-        ref: UpstreamTask = task.upstream
-        assert ref.seen is not None
-        status, message = ref.seen
-        await self.registry.set_status(task, status, message, outcome=outcome, updated_at=ref.last_updated_at or None)
-
-    async def _ask_upstream(self, task: Task, method: str) -> Message | None:
-        """Ask the upstream `method` about the task on its conversation (2026-07-28: the pooled channel
-        it is pinned to); its answer, or None after ASK_TIMEOUT_S."""
-        ref: UpstreamTask = task.upstream
-        kind = "poll" if method == "tasks/get" else method.removeprefix("tasks/")
-        request_id = f"{ASK_ID_PREFIX}{kind}-{next(self._ask_ids)}"
-        message, headers = ref.dialect.gateway_request(request_id, method, {"taskId": ref.upstream_id})
-        # A 2025-11-25 task lives in its session: asked there, with the session's headers.
-        if ref.era is Era.LEGACY:
-            return await self._ask(ref.channel, message, {**ref.headers, **headers})
-        async with self._upstream.stateless(task.id) as channel:
-            channel.tap = self.observe
-            self._upstream.pin(task.id, channel)
-            return await self._ask(channel, message, headers)
-
-    async def _ask(self, channel: UpstreamChannel, message: Message, headers: Mapping[str, str]) -> Message | None:
-        exchange = await channel.request(message, headers)
-        try:
-            async with asyncio.timeout(ASK_TIMEOUT_S):
-                return (await exchange.collect())[-1]
-        except TimeoutError:
-            await exchange.cancel()
-            return None
-
-    async def fail(self, task: Task, cause: str) -> None:
-        """The task cannot end normally any more: a terminal `failed` naming the cause; or, when the
-        upstream already said it ended, that end with an outcome saying why it is unavailable."""
-        if task.upstream.ending:
-            await self._end(task, unavailable(cause))
-            return
-        outcome = jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, cause)
-        await self.registry.set_status(task, TaskStatus.FAILED, cause, outcome=outcome)
-
-    def _loss_listener(self, channel: UpstreamChannel) -> Callable[[str], Awaitable[None]]:
-        async def lost(cause: str) -> None:
-            for task in list(self._live.get(channel, ())):
-                await self.fail(task, cause)
-
-        return lost
-
     async def stop(self) -> None:
-        for watcher in list(self._watchers):
-            watcher.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
-        for pushes in self._pushes.values():
-            await pushes.stop()
+        await self._watcher.stop()
 
 
-def unavailable(cause: str) -> Message:
-    """The outcome kept for an ended task whose result the gateway could not fetch: -32603 saying why."""
-    text = f"the task's result is unavailable: {cause}"
-    return {"error": {"code": jsonrpc.INTERNAL_ERROR, "message": text, "data": {"reason": RESULT_UNAVAILABLE}}}
-
-
-def _canceller(watcher: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
-    """What the registry calls when the task's record expires: stop watching (the upstream's task is
-    the upstream's business)."""
-
-    async def stop() -> None:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-    return stop
+def status_event(status: TaskStatus, outcome: Message | None, dialect: Dialect) -> Event:
+    """The lifecycle event of an upstream view saying `status` (with `outcome` inlined, or None): an
+    end whose outcome is left out is fetched, except a cancel the dialect gives no outcome for."""
+    if not status.terminal:
+        return Event.UPSTREAM_STATUS
+    if outcome is not None or (status is TaskStatus.CANCELLED and not dialect.cancelled_has_outcome):
+        return Event.UPSTREAM_ENDED
+    return Event.UPSTREAM_ENDED_UNFETCHED

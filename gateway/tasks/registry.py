@@ -5,7 +5,8 @@ registry writes every change through it and keeps, per task, only what this proc
 it (`Task`: the record as last written here, asyncio primitives, pending input, the upstream call).
 A task belongs to the caller that created it (`owner`), never to a transport session, so any later
 session of the same caller can get, stream, fetch and cancel it, and another caller cannot even learn
-that it exists. Status changes go through `set_status`: it writes the lifecycle events in one log
+that it exists. What happens to a task is fed to `feed`: the lifecycle table (`gateway.tasks.lifecycle`)
+decides, and the registry carries out its record and log commands: the lifecycle events in one log
 call (sealing the log when the status is terminal), then the status by compare-and-set on the store,
 so no reader sees the new status without its events; a terminal outcome is kept within `[retention]
 max_result_bytes`. All outcomes this process kept together stay within `results_budget_bytes`: the
@@ -34,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -45,9 +46,13 @@ from gateway.events.summaries import call_audit, summarize_outcome
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.tasks.lifecycle import Command, Event, Kind, LifecycleError, Phase, Transition, phase_of, step
 from gateway.tasks.outage import HeldWrites, Step
 from gateway.tasks.records import RecordView, TaskRecord, TaskStatus, UpstreamTaskRef, iso_now
 from gateway.tasks.store import InvalidCursor, LiveRecord, TaskPage, TaskStore
+
+if TYPE_CHECKING:
+    from gateway.tasks.watch import UpstreamTask
 
 log = logging.getLogger("gateway.tasks")
 
@@ -117,7 +122,6 @@ class InputRound:
     """The upstream's `inputRequests` under the keys the client sees (unique over the task's life)."""
     upstream_keys: dict[str, str]
     """Client-facing key -> the upstream's key for this round."""
-    request_state: Any = None
     responses: dict[str, Any] = field(default_factory=dict)
     """Answers so far, by client-facing key."""
     answered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,17 +132,15 @@ class InputRound:
         return {key: request for key, request in self.requests.items() if key not in self.responses}
 
 
-@dataclass(eq=False)
-class Task(RecordView):
-    """This process's handle on a task it runs or watches: the record as last written here (through
-    the registry, the only writer), and the runtime that drives the task."""
+@dataclass(eq=False, kw_only=True)
+class TaskRuntime:
+    """What only the process driving a task holds: waiters, hooks, pending input, the upstream side.
+    Nothing here is persisted, and nothing here is a status: that is the task's `phase`."""
 
-    record: TaskRecord
-    kept_outcome: bytes | None = None
-    """Once terminal, the outcome as this process stored it (the upstream's final answer for the call
-    as the JSON `{"result": …}` or `{"error": …}`, the same bytes the store keeps)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the task is terminal here (the lifecycle's `WAKE_WAITERS`)."""
     cancel: Callable[[], Awaitable[None]] | None = None
+    """Stops what runs the task here (the lifecycle's `CANCEL_UPSTREAM`), taken once."""
     on_status: StatusListener | None = None
     on_input: InputListener | None = None
     pending_requests: dict[RequestId, PendingRequest] = field(default_factory=dict)
@@ -151,15 +153,30 @@ class Task(RecordView):
     """Modern: the current `input_required` round, if any."""
     input_keys: set[str] = field(default_factory=set)
     """Modern: every input key the task has shown a client, so a later round never reuses one."""
-    upstream: Any = None
-    """For a task the upstream hosts: the pass-through watcher's state (a `passthrough.UpstreamTask`:
-    its conversation, what was last observed); the record's `upstream` says where it lives."""
+    upstream: UpstreamTask | None = None
+    """For a task the upstream hosts: the pass-through watcher's state (its conversation, what was
+    last observed); the record's `upstream` says where it lives."""
     runner: asyncio.Future[None] | None = None
     """For a gateway-hosted task: what runs it here (the hosted runner); the orphan check fails a
     running task whose runner is missing or done."""
-    orphaned: bool = False
-    """The last orphan check found it without a live runner: this process can no longer run it (its
-    lease is no longer renewed, and the next check fails it)."""
+
+
+@dataclass(eq=False)
+class Task(TaskRuntime, RecordView):
+    """This process's handle on a task it runs or watches: the record as last written here (through
+    the registry, the only writer), its lifecycle phase, and the runtime that drives it."""
+
+    record: TaskRecord
+    phase: Phase = Phase.NEW
+    """Where the task stands in the lifecycle table (its record shows the status of the phase, or
+    the status before an in-between pass-through phase)."""
+    kept_outcome: bytes | None = None
+    """Once terminal, the outcome as this process stored it (the upstream's final answer for the call
+    as the JSON `{"result": …}` or `{"error": …}`, the same bytes the store keeps)."""
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.HOSTED if self.record.upstream is None else Kind.PASSTHROUGH
 
     @property
     def outcome(self) -> Message | None:
@@ -232,6 +249,8 @@ class TaskRegistry:
         """Tasks whose record keeps an outcome, in the order they ended, and each outcome's size (bytes)."""
         self.kept_bytes = 0
         """The bytes of every kept outcome together: at most `[retention] results_budget_bytes`."""
+        self._orphans: set[str] = set()
+        """Running hosted tasks the last orphan check found without a live runner here."""
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[None]] = set()
         outage = outage or StoreConfig()
@@ -286,6 +305,7 @@ class TaskRegistry:
         # Known here before the next await: a shared store leases the task as `create` returns, and a
         # lease tick releases the leases of tasks the registry does not know.
         task = Task(record)
+        task.phase = step(task.phase, Event.CREATED, task.kind).phase
         self._tasks[task.id] = task
         # The record exists: from here on the store's faults are held like any write of a running task.
         await self.writes.write(task.id, 0, lambda: self.log.create(task.id))
@@ -301,7 +321,7 @@ class TaskRegistry:
 
     def adopt(self, record: TaskRecord) -> Task:
         """A task another process left unfinished, now this process's (counted for its owner)."""
-        task = self._tasks[record.id] = Task(record)
+        task = self._tasks[record.id] = Task(record, phase_of(record.status))
         self._count(record)
         return task
 
@@ -312,6 +332,7 @@ class TaskRegistry:
             self._uncount(task_id)
             self._log_expiry.pop(task_id, None)
             self._forget_outcome(task_id)
+            self._orphans.discard(task_id)
             task.settle_input()
         return task
 
@@ -413,29 +434,70 @@ class TaskRegistry:
 
         return step
 
-    async def set_status(
+    async def feed(
         self,
         task: Task,
-        status: TaskStatus,
+        event: Event,
+        told: TaskStatus | None = None,
         message: str | None = None,
         *,
         outcome: Message | None = None,
         updated_at: str | None = None,
         reason: str | None = None,
+        note: TaskEvent | None = None,
+    ) -> Transition | None:
+        """`event` happened to `task` (`told`: the status it tells): the lifecycle table decides, and
+        the registry carries out the record and log commands (the driver the others, such as
+        `FETCH_OUTCOME`). The transition made; None when nothing changed (the table ignores the event
+        there, or refuses it: logged; or another writer changed the status first).
+
+        A status change is written at `updated_at` (the upstream's time for a task it hosts, else now).
+        A terminal `outcome` is kept within `max_result_bytes` and, evicting the oldest kept outcomes,
+        `results_budget_bytes`. `reason` (why the gateway failed it) goes into the `task.status` event,
+        after `note` (the event's own entry, `APPEND_EVENT`). While the store takes no writes the
+        change is held (`writes`): this process sees the new status at once, the store when it takes
+        writes again."""
+        transition = self._decide(task, event, told)
+        if transition is None or not transition.changes:
+            return None
+        status = (transition.phase.status or told) if Command.WRITE_RECORD in transition.commands else None
+        task.phase = transition.phase  # decided before any await: of two racing events, one wins
+        if status is None:
+            return transition
+        hook = task.cancel if Command.CANCEL_UPSTREAM in transition.commands else None
+        notes = [note] if note is not None and Command.APPEND_EVENT in transition.commands else []
+        written = await self._write_status(task, status, message, outcome, updated_at, reason, notes)
+        if hook is not None:  # decided: stopped even when another writer ended the task first
+            await hook()
+        return transition if written else None
+
+    @staticmethod
+    def _decide(task: Task, event: Event, told: TaskStatus | None = None) -> Transition | None:
+        """The table's transition; None (logged, nothing changes) when it does not allow the event."""
+        try:
+            return step(task.phase, event, task.kind, told)
+        except LifecycleError as error:
+            log.warning("lifecycle: event refused", extra={"task": task.id, "error": str(error)})
+            return None
+
+    async def _write_status(
+        self,
+        task: Task,
+        status: TaskStatus,
+        message: str | None,
+        outcome: Message | None,
+        updated_at: str | None,
+        reason: str | None,
+        notes: list[TaskEvent],
     ) -> bool:
-        """Move a task to `status` (at `updated_at`, the upstream's time for a task it hosts, else now);
-        False when it is already terminal (terminal states never change) or another writer changed it
-        first. A terminal `outcome` is kept within `max_result_bytes` and, evicting the oldest kept
-        outcomes, `results_budget_bytes`. `reason` (why the gateway failed it) goes into the
-        `task.status` event. While the store takes no writes the change is held (`writes`): this
-        process sees the new status at once, the store when it takes writes again."""
-        if task.terminal:
-            return False
+        """The status change the table decided: its events, the record, and once terminal the kept
+        outcome and the task's waiters. False when another writer changed the status first."""
         kept, encoded = None, None
         if status.terminal and outcome is not None:
             kept, encoded = bounded(outcome, self._retention.max_result_bytes)
         summary = summarize_outcome(status.value, kept) if status.terminal else None
-        bodies = self._status_bodies(status, message, summary, reason)
+        bodies = [self.capture.encode(note) for note in notes] if self._record_events else []
+        bodies += self._status_bodies(status, message, summary, reason)
         # The events (and, once terminal, the seal) in one log call, before the status changes: no
         # reader sees the new status without its events, or the stream's end without the last event.
         # A log that retention deleted takes none: the record still changes.
@@ -468,13 +530,17 @@ class TaskRegistry:
                     self._metrics.results_dropped.labels(reason=RESULT_TOO_LARGE).inc()
                 task.kept_outcome = encoded
                 evicted = await self._keep(task.id, len(encoded))
-            task.settle_input()
-            self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
-            task.done.set()
+            self._wind_down(task)
         if task.on_status is not None:
             await task.on_status(task)
         await self._record_evictions(evicted)
         return True
+
+    def _wind_down(self, task: Task) -> None:
+        """`WAKE_WAITERS`: the task ended here; its input is settled, its log's deletion is due."""
+        task.settle_input()
+        self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
+        task.done.set()
 
     def _status_bodies(
         self, status: TaskStatus, message: str | None, summary: dict[str, Any] | None, reason: str | None
@@ -520,6 +586,10 @@ class TaskRegistry:
         task = self._tasks.get(task_id)
         if task is None:
             return []
+        transition = self._decide(task, Event.STORE_FAULT)
+        if transition is None:
+            return []
+        task.phase = transition.phase
         cause = f"the task store could not take the task's writes: {why}"
         kept, encoded = bounded(store_unavailable_outcome(cause), self._retention.max_result_bytes)
         summary = summarize_outcome(TaskStatus.FAILED.value, kept)
@@ -542,9 +612,7 @@ class TaskRegistry:
             outcome_summary=kept_summary,
         )
         task.kept_outcome = encoded
-        task.settle_input()
-        self._log_expiry[task_id] = time.monotonic() + self._retention.terminal_retention_s
-        task.done.set()
+        self._wind_down(task)
         self._metrics.tasks_failed.labels(reason=STORE_UNAVAILABLE).inc()
         log.warning("task failed", extra={"task": task_id, "reason": STORE_UNAVAILABLE, "cause": cause})
         if hook is not None:
@@ -572,14 +640,20 @@ class TaskRegistry:
             if task.terminal or task.record.upstream is not None or self.writes.holds(task.id):
                 continue
             alive = task.runner is not None and not task.runner.done()
-            if alive or not task.orphaned:
-                task.orphaned = not alive
+            if alive or task.id not in self._orphans:
+                (self._orphans.discard if alive else self._orphans.add)(task.id)
                 continue
+            self._orphans.discard(task.id)
             cause = "no runner of the task is left in the gateway process that holds it"
             self._metrics.tasks_failed.labels(reason=RUNNER_LOST).inc()
-            await self.set_status(
-                task, TaskStatus.FAILED, cause, outcome=lost_runner_outcome(cause), reason=RUNNER_LOST
+            await self.feed(
+                task, Event.RUNNER_LOST, None, cause, outcome=lost_runner_outcome(cause), reason=RUNNER_LOST
             )
+
+    def orphaned(self, task_id: str) -> bool:
+        """The last orphan check found the task without a live runner: this process can no longer run
+        it (its lease is no longer renewed, and the next check fails it)."""
+        return task_id in self._orphans
 
     async def _record_evictions(self, evicted: list[tuple[str, int]]) -> None:
         """Note in each evicted task's log that its result was evicted, and how large it was."""
@@ -600,7 +674,7 @@ class TaskRegistry:
             self.kept_bytes -= victim_size
             outcome = orjson.dumps(evicted_outcome(victim_size, budget))
             victim = self._tasks.get(victim_id)  # None: a task that ended before this process started
-            if victim is not None:
+            if victim is not None and self._decide(victim, Event.RESULT_EVICTED) is not None:
                 victim.kept_outcome = outcome
             evicted.append((victim_id, victim_size))
             replaced.append((victim_id, outcome))
@@ -648,6 +722,7 @@ class TaskRegistry:
             self._log_expiry.pop(record.id, None)
             self._forget_outcome(record.id)
             task = self._tasks.pop(record.id, None)
+            self._orphans.discard(record.id)
             if task is not None:
                 task.settle_input()
                 if task.cancel is not None and not task.terminal:

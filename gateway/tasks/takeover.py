@@ -17,6 +17,7 @@ import logging
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
+from gateway.tasks.lifecycle import Event
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import Task, TaskRegistry
@@ -62,11 +63,11 @@ async def lose(registry: TaskRegistry, task: Task, cause: str, *, cancelled: boo
     """Record that the gateway lost `task` (`task.owner_lost`), then fail it with an outcome saying why
     (or, if a client had asked to cancel it, cancel it)."""
     hosted_by = "gateway" if task.record.upstream is None else "upstream"
-    await registry.record(task, registry.capture.lifecycle(OWNER_LOST, cause=cause, hostedBy=hosted_by))
+    note = registry.capture.lifecycle(OWNER_LOST, cause=cause, hostedBy=hosted_by)
     if cancelled:
-        await registry.set_status(task, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON)
+        await registry.feed(task, Event.OWNER_LOST, TaskStatus.CANCELLED, CLIENT_CANCEL_REASON, note=note)
     else:
-        await registry.set_status(task, TaskStatus.FAILED, cause, outcome=lost_outcome(cause))
+        await registry.feed(task, Event.OWNER_LOST, TaskStatus.FAILED, cause, outcome=lost_outcome(cause), note=note)
     log.warning("task lost with the process that ran it", extra={"task": task.id})
 
 
