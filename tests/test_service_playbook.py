@@ -34,6 +34,7 @@ from gateway.edge.responder import Responder
 from gateway.edge.task_routes import stream_events
 from gateway.events.capture import RELATED_TASK_KEY, Capture
 from gateway.metrics import Metrics
+from gateway.principal import ANONYMOUS
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, MODERN, TASK_TOOL_KEY, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
@@ -44,7 +45,7 @@ from gateway.sse import SseParser
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
-from gateway.tasks.registry import ANONYMOUS, Task, TaskRegistry
+from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.service import TaskService
 from gateway.upstream.base import Exchange, UpstreamChannel
 from tests.fake_upstream import OneConversation

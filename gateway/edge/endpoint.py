@@ -23,13 +23,14 @@ from aiohttp import web
 from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
-from gateway.edge.auth import AuthRefused, EdgeAuth, Principal
+from gateway.edge.auth import AuthRefused, EdgeAuth
 from gateway.edge.limits import PrincipalLimits, RateLimited
 from gateway.edge.rejections import UNKNOWN_TASK_MESSAGE, Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
+from gateway.principal import Principal
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era

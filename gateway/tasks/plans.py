@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from gateway.config import ServerConfig, TasksConfig
 from gateway.events.log import EventLog, StoreUnavailable
 from gateway.events.stream import STORE_RETRY_MAX_S, Write, run_stream
+from gateway.principal import ANONYMOUS
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import dialect_of, unknown_task
 from gateway.protocol.era import Era
@@ -26,7 +27,6 @@ from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.sessions import ResponseRoute, Session
 from gateway.tasks.hosted import Caller, HostedTasks
 from gateway.tasks.records import TaskRecord
-from gateway.tasks.registry import ANONYMOUS as ANONYMOUS  # the owner of every call without auth; the edge names it
 from gateway.tasks.registry import PendingRequest, Task
 from gateway.upstream.base import Exchange, UpstreamChannel
 from gateway.waiting import wait_any
