@@ -531,7 +531,7 @@ async def test_a_legacy_session_learns_from_initialize_who_hosts_tasks(kind: str
     gateway = Gateway(Era.LEGACY, kind)
     assert gateway.session is not None
     passes_through = kind == SEP_1686
-    assert gateway.session.upstream_has_tasks is passes_through
+    assert gateway.session.upstream_capabilities.tasks is passes_through
     assert (gateway.upstream.tap == gateway.passthrough.observe) is passes_through  # ids mapped, tasks captured
     tasks = gateway.initialized["capabilities"]["tasks"]
     assert set(tasks) == {"list", "cancel", "requests", "eventStreams"}  # the upstream's, or the gateway's own

@@ -33,10 +33,10 @@ from gateway.metrics import Metrics
 from gateway.principal import Principal
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
+from gateway.protocol.era import Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError, Unavailable
-from gateway.replay import LAST_EVENT_ID, StreamGap
+from gateway.replay import LAST_EVENT_ID, ReplayStream, StreamGap
 from gateway.sessions import Session, SessionRegistry
 from gateway.tasks.plans import AwaitResult, Forward, Plan, RelayHooks, Reply, StreamEvents, TaskCall
 from gateway.tasks.service import TaskService
@@ -209,7 +209,7 @@ class McpEndpoint:
             return await self._initialize(request, era, message, headers, principal)
         session = await self._session_for(request, principal)
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
-            session.engaged = True
+            session.engage()
         if kind is Kind.NOTIFICATION:
             await self._service.client_notification(session, message, headers)
             return web.Response(status=202)
@@ -260,8 +260,7 @@ class McpEndpoint:
         if "error" in final or not isinstance(final.get("result"), dict):
             await self._sessions.close(session.id)
             return json_response(final)
-        # Priming events are SEP-1699 (2025-11-25): older clients would try to parse their empty data.
-        session.streams.priming = str(final["result"].get("protocolVersion")) >= LATEST_HANDSHAKE_VERSION
+        session.agreed_version(str(final["result"].get("protocolVersion")))
         final = {**final, "result": self._service.initialized(session, final["result"])}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
@@ -423,36 +422,39 @@ class McpEndpoint:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
-        session.engaged = True
-        session.open_streams += 1
+        session.engage()
         responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
-        try:
-            opening = stream.opening(after)
-            await (responder.write(opening) if opening else responder.keepalive())
-            while True:
-                frames, after = stream.after(after)
-                if frames:
-                    await responder.write(frames)
-                    stream.written(after)
-                elif stream.ended:
-                    break
-                elif not await stream.grown(self._config.keepalive_s):
-                    await responder.keepalive()
-            assert responder.stream is not None
-            await responder.stream.write_eof()
-            if stream is not session.streams.standalone:
-                session.streams.forget(stream)  # a response's stream, written to its end
-        except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
-            # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
-            if responder.stream is None:
-                raise
-            responder.abandon()
-        finally:
-            session.streams.detach(stream)
-            session.open_streams -= 1
-            responder.close()
+        with session.serving():
+            try:
+                await self._replay(stream, after, responder)
+                if stream is not session.streams.standalone:
+                    session.streams.forget(stream)  # a response's stream, written to its end
+            except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
+                # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
+                if responder.stream is None:
+                    raise
+                responder.abandon()
+            finally:
+                session.streams.detach(stream)
+                responder.close()
         assert responder.stream is not None
         return responder.stream
+
+    async def _replay(self, stream: ReplayStream, after: int, responder: Responder) -> None:
+        """The stream's events after `after`, then live until it ends (a response's stream ends with it)."""
+        opening = stream.opening(after)
+        await (responder.write(opening) if opening else responder.keepalive())
+        while True:
+            frames, after = stream.after(after)
+            if frames:
+                await responder.write(frames)
+                stream.written(after)
+            elif stream.ended:
+                break
+            elif not await stream.grown(self._config.keepalive_s):
+                await responder.keepalive()
+        assert responder.stream is not None
+        await responder.stream.write_eof()
 
     async def _delete(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         session = await self._session_for(request, principal)

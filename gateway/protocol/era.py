@@ -48,3 +48,12 @@ class Era(enum.Enum):
         if self is Era.LEGACY or not isinstance(error, dict):
             return 200
         return _MODERN_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
+
+
+# -- what the edge and the task service ask of an era (named rules instead of era tests) --------------
+
+
+def primes_streams(protocol_version: str) -> bool:
+    """Whether a legacy session's SSE streams open with a priming event: SEP-1699 (2025-11-25) added
+    them, and older clients would try to parse their empty data."""
+    return protocol_version >= LATEST_HANDSHAKE_VERSION

@@ -58,6 +58,7 @@ from gateway.tasks.policy import (
 from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task, TaskLimitReached
 from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+from gateway.upstream.capabilities import Capabilities
 
 
 class TaskService:
@@ -94,9 +95,8 @@ class TaskService:
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
         with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
-        session.upstream_has_tasks = LEGACY.declared_tasks(result) is not None
-        session.upstream_serves_streams = LEGACY.declares_event_streams(result)
-        if session.upstream_has_tasks:
+        session.learn_upstream(Capabilities.of(result, LEGACY))
+        if session.upstream_capabilities.tasks:
             session.channel.tap = self._passthrough.observe
         return self._hosted.advertise(result, LEGACY)
 
@@ -115,7 +115,7 @@ class TaskService:
                 jsonrpc.INVALID_REQUEST,
                 f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
             )
-        if session.upstream_has_tasks:
+        if session.upstream_capabilities.tasks:
             await self._passthrough.answered(session.channel, message)
         await session.respond(message, headers)
 
@@ -153,7 +153,7 @@ class TaskService:
     async def _upstream_has_tasks(self, call: TaskCall) -> bool:
         """Whether the upstream has Tasks in the call's era (else the gateway hosts them all)."""
         if call.session is not None:
-            return call.session.upstream_has_tasks
+            return call.session.upstream_capabilities.tasks
         return (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
 
     async def _gateway_hosts(self, call: TaskCall) -> bool:
@@ -193,7 +193,7 @@ class TaskService:
     async def _upstream_serves_streams(self, call: TaskCall) -> bool:
         """Whether the upstream serves tasks/stream itself (its tasks capability has `eventStreams`)."""
         if call.session is not None:
-            return call.session.upstream_serves_streams
+            return call.session.upstream_capabilities.event_streams
         return (await self._upstream.capabilities(self._server.initialize_timeout_s)).event_streams
 
     async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
