@@ -423,10 +423,10 @@ async def test_tasks_result(gateway: Gateway) -> None:
     if gateway.era is Era.LEGACY and hosted_by_gateway(gateway):
         # Blocks while the task works (the edge sends keep-alives), then answers exactly the outcome.
         assert isinstance(plan, AwaitResult) and task.result_streams == 1
-        assert await plan.next(0.01) == ([], None)
+        assert await plan.wait.next(0.01) == ([], None)
         await gateway.upstream.release()
         related = {RELATED_TASK_KEY: {"taskId": task.id}}
-        assert await plan.next(5) == ([], answer(message, {**ECHO, "_meta": related}))
+        assert await plan.wait.next(5) == ([], answer(message, {**ECHO, "_meta": related}))
         await call.resources.aclose()
         assert task.result_streams == 0 and gateway.upstream.forwarded() == before
         return

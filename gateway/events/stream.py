@@ -172,7 +172,7 @@ async def run_stream(
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
     flush_interval_s: float,
-) -> Message | ProtocolError | None:
+) -> ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty

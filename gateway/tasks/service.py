@@ -29,7 +29,7 @@ from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, Unavailable
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import HostedTasks, task_elsewhere
+from gateway.tasks.hosted import Caller, HostedTasks, task_elsewhere
 from gateway.tasks.input import UpstreamCall, input_required
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import (
@@ -42,7 +42,6 @@ from gateway.tasks.plans import (
     StreamEvents,
     TaskCall,
     Transform,
-    route_answer,
 )
 from gateway.tasks.policy import (
     Host,
@@ -56,9 +55,14 @@ from gateway.tasks.policy import (
     with_task_support,
 )
 from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task, TaskLimitReached
+from gateway.tasks.result_wait import TaskResultWait, route_answer
 from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 from gateway.upstream.capabilities import Capabilities
+
+
+def _caller(call: TaskCall) -> Caller:
+    return Caller(call.owner, call.era)
 
 
 class TaskService:
@@ -162,8 +166,8 @@ class TaskService:
         task the gateway hosts here."""
         if call.method == "tools/call":
             return (await self._tool_hosting(call)).host is not Host.UPSTREAM
-        if call.method == "tasks/stream" or call.method in call.caller.dialect.task_requests:
-            task = self._hosted.registry.get(call.caller.owner, jsonrpc.params_of(call.message).get("taskId"))
+        if call.method == "tasks/stream" or call.method in call.dialect.task_requests:
+            task = self._hosted.registry.get(call.owner, jsonrpc.params_of(call.message).get("taskId"))
             return task is not None and task.record.upstream is None
         return False
 
@@ -174,7 +178,7 @@ class TaskService:
         name = jsonrpc.params_of(call.message).get("name")
         policy = self._hosted.policy(name)
         session = call.session
-        may_be_task = call.caller.dialect.may_create_task(call.message)
+        may_be_task = call.dialect.may_create_task(call.message)
         if (
             session is None
             or not isinstance(name, str)
@@ -212,13 +216,13 @@ class TaskService:
         task: Task | None = None
         streaming = call.method == "tasks/stream"
         if streaming:
-            call.caller.dialect.check_tasks_declared(call.message)
+            call.dialect.check_tasks_declared(call.message)
             parse_stream_params(call.message)  # the same -32602 for a bad taskId or after as a hosted stream
-        if streaming or call.method in call.caller.dialect.task_requests:
+        if streaming or call.method in call.dialect.task_requests:
             named = jsonrpc.params_of(call.message).get("taskId")
-            if self._passthrough.registry.get(call.caller.owner, named) is None:
+            if self._passthrough.registry.get(call.owner, named) is None:
                 return await self._watched_elsewhere(call)
-            task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
+            task, message, headers = self._passthrough.route(call.owner, call.message, call.headers)
             if streaming:
                 self._claim_stream(call, task.id)
             elif task.terminal:
@@ -233,11 +237,11 @@ class TaskService:
                 answer_route = self._answering(channel)
         else:
             if call.method == "subscriptions/listen":
-                listen = self._passthrough.route_listen(call.caller.owner, call.message)
+                listen = self._passthrough.route_listen(call.owner, call.message)
                 call = dataclasses.replace(call, message=listen)
             channel = await call.channel()
         channel.tap = self._passthrough.observe
-        if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
+        if call.method == "tools/call" and call.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
         transform = self._transform_for(call, upstream_tasks=True)
@@ -269,7 +273,7 @@ class TaskService:
             # A legacy session's upstream channel must outlive the session while the task runs on it.
             hold = session.task_ended if session is not None else None
             task = await self._passthrough.adopt(
-                call.caller.owner, channel, call.era, call.message, final, observed, call.headers, hold
+                call.owner, channel, call.era, call.message, final, observed, call.headers, hold
             )
             if task is not None and session is not None:
                 session.task_started()  # before the task's watcher can run, which releases it
@@ -356,17 +360,17 @@ class TaskService:
         if call.method == "tasks/stream":
             return await self._stream(call)
         if call.method in ("tasks/cancel", "tasks/update"):
-            record = await self._hosted.record_named(call.caller, call.message)
+            record = await self._hosted.record_named(_caller(call), call.message)
             if not record.terminal:
                 raise task_elsewhere(record, call.message["id"])
         return await self._task_method(call)
 
     def _serves(self, call: TaskCall) -> bool:
         """Task methods the gateway answers for an upstream without Tasks."""
-        return call.method in call.caller.dialect.task_methods | {"tasks/result", "tasks/list"}
+        return call.method in call.dialect.task_methods | {"tasks/result", "tasks/list"}
 
     async def _task_method(self, call: TaskCall) -> Plan:
-        dialect = call.caller.dialect
+        dialect = call.dialect
         if call.method not in dialect.task_methods:
             raise ProtocolError(
                 jsonrpc.METHOD_NOT_FOUND,
@@ -377,14 +381,15 @@ class TaskService:
         dialect.check_tasks_declared(call.message)
         if call.method == "tasks/result":
             request_id = call.message["id"]
-            record = await self._hosted.record_named(call.caller, call.message)
+            record = await self._hosted.record_named(_caller(call), call.message)
             if record.terminal:
                 return Reply(await self._hosted.result(record, request_id))
             assert call.session is not None
-            wait = AwaitResult(self._hosted, record, self._hosted.registry.find(record.id), call.session, request_id)
+            task = self._hosted.registry.find(record.id)
+            wait = TaskResultWait(self._hosted, record, task, call.session, request_id)
             call.resources.callback(wait.close)
-            return wait
-        return Reply(await self._hosted.method(call.caller, call.message))
+            return AwaitResult(wait)
+        return Reply(await self._hosted.method(_caller(call), call.message))
 
     # -- tools/call as a task --------------------------------------------------------------------
 
@@ -392,7 +397,7 @@ class TaskService:
         """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
         if self._plan_tool_call(call) is None:
             return None
-        self._hosted.check_room(call.caller, call.message)
+        self._hosted.check_room(_caller(call), call.message)
         session = call.session
         assert session is not None
         # The session's upstream channel must outlive the session while the task runs on it.
@@ -404,7 +409,7 @@ class TaskService:
             status = {
                 "jsonrpc": "2.0",
                 "method": "notifications/tasks/status",
-                "params": call.caller.dialect.task(task),
+                "params": call.dialect.task(task),
             }
             await session.deliver_unsolicited(status)
 
@@ -418,7 +423,7 @@ class TaskService:
             await session.deliver_unsolicited(pending.request)
 
         answer = await self._hosted.start_legacy(
-            call.caller, channel, call.message, resources, notify_status, deliver_input, call.headers
+            _caller(call), channel, call.message, resources, notify_status, deliver_input, call.headers
         )
         return Reply(answer)
 
@@ -430,15 +435,15 @@ class TaskService:
         if hosting is None:
             return None
         if hosting.result_is_task:
-            self._hosted.check_room(call.caller, call.message)
+            self._hosted.check_room(_caller(call), call.message)
         meta = jsonrpc.meta_of(call.message)
         client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.caller.dialect), call.headers)
+        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.dialect), call.headers)
         observed: list[Message] = []
 
         async def adopt(observed: list[Message]) -> Task:
             """The call's task, with the notifications relayed so far as its first events."""
-            task = await self._hosted.create(call.caller, call.message)
+            task = await self._hosted.create(_caller(call), call.message)
             capture = self._hosted.registry.capture
             events = [event for message in observed if (event := capture.from_notification(message)) is not None]
             if events:
@@ -452,12 +457,12 @@ class TaskService:
                 await exchange.cancel()
                 what = "the task store cannot be used now"
                 return Unavailable(STORE_UNAVAILABLE, what, request_id=call.message["id"]).to_message()
-            self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
-            return self._hosted.created(call.caller, task, call.message["id"])
+            self._hosted.run(task, _caller(call), upstream, exchange, call.keep_resources())
+            return self._hosted.created(_caller(call), task, call.message["id"])
 
         def room_for_task() -> bool:
             try:
-                self._hosted.registry.check_room(call.caller.owner)
+                self._hosted.registry.check_room(call.owner)
             except TaskLimitReached:
                 return False
             return True
@@ -472,8 +477,8 @@ class TaskService:
                 task = await adopt(observed)
             except StoreUnavailable:  # no task can be made now: the client gets the answer as it is
                 return final
-            await self._hosted.finish(task, call.caller, final)
-            return self._hosted.created(call.caller, task, call.message["id"])
+            await self._hosted.finish(task, _caller(call), final)
+            return self._hosted.created(_caller(call), task, call.message["id"])
 
         def client_asked(message: Message) -> bool:
             method = message.get("method")
@@ -501,11 +506,11 @@ class TaskService:
                 "Method not found: task event streams are disabled on this gateway",
                 request_id=request_id,
             )
-        call.caller.dialect.check_tasks_declared(call.message)
+        call.dialect.check_tasks_declared(call.message)
         try:
             task_id, after = parse_stream_params(call.message)
             # From the stores alone: a task another process runs (or ran) streams like a local one.
-            record = await self._hosted.reads.record(call.caller.owner, task_id)
+            record = await self._hosted.reads.record(call.owner, task_id)
             if record is None:
                 raise unknown_task(request_id)
             start = plan_stream(record.id, after, await self._hosted.reads.bounds(record))
@@ -513,12 +518,21 @@ class TaskService:
             error.request_id = request_id
             raise
         if start.first_seq is None:
-            return Reply(call.caller.dialect.stream_end(request_id))
+            return Reply(call.dialect.stream_end(request_id))
         self._claim_stream(call, record.id)
         session = call.session
         stop = call.resources.enter_context(session.local_request(request_id)) if session else asyncio.Event()
+        tasks = self._tasks
         return StreamEvents(
-            self._hosted.reads.log, record.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+            self._hosted.reads.log,
+            record.id,
+            start.first_seq,
+            stop,
+            call.message,
+            call.era,
+            keepalive_s=self._server.keepalive_s,
+            replay_batch=tasks.replay_batch,
+            flush_interval_s=tasks.stream_flush_interval_ms / 1000,
         )
 
     def _claim_stream(self, call: TaskCall, task_id: str) -> None:
