@@ -65,19 +65,25 @@ class TaskCall:
         return dialect_of(self.era)
 
 
-@dataclass
-class Handoff:
-    """Turn the call into a task if it is still running at `deadline` (time.monotonic())."""
+class CallHandoff(Protocol):
+    """A forwarded call that becomes a task the gateway hosts if it runs past `deadline` (a 2026-07-28
+    tools/call under a task policy). The relay calls it back as the call runs; the task side implements
+    it (`gateway.tasks.handoff.TaskHandoff`)."""
 
-    deadline: float
-    take_over: Callable[[Exchange, list[Message]], Awaitable[Message]]
-    """Gets the exchange and the notifications seen so far; creates the task, takes the exchange over,
-    returns the answer."""
-    forward: Callable[[Message], bool] = field(default=lambda message: True)
-    """Which notifications the client asked for and may see live before the handoff."""
-    possible: Callable[[], bool] = field(default=lambda: True)
-    """Whether a task can be made at the deadline; if not, the call carries on as a plain call."""
-    taken: bool = False
+    @property
+    def deadline(self) -> float:
+        """When (time.monotonic()) a call still running becomes a task; math.inf once none can be."""
+        ...
+
+    def observe(self, messages: list[Message]) -> list[Message]:
+        """Keep what the upstream sent before its answer (the task's first events); returns the
+        messages the client sees now (the notifications it asked for)."""
+        ...
+
+    async def take_over(self, exchange: Exchange) -> Message | None:
+        """At the deadline: a task takes the exchange over; the client's answer. None (decided without
+        waiting): no task can be made, the call carries on as a plain call and its deadline is gone."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class RelayHooks:
     transform: Transform | None = None
     observed: list[Message] | None = None
     """Collects what was relayed before the final message."""
-    handoff: Handoff | None = None
+    handoff: CallHandoff | None = None
     cancel_when_gone: bool = False
     """The request is worth nothing without its client (a forwarded tasks/stream): a client that goes
     away cancels it upstream in 2025-11-25 too, where a call otherwise runs on."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,17 +24,17 @@ from gateway.events.log import StoreUnavailable
 from gateway.events.stream import parse_stream_params, plan_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
+from gateway.protocol.dialect import LEGACY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, Unavailable
 from gateway.sessions import ResponseRoute, Session
+from gateway.tasks.handoff import TaskHandoff
 from gateway.tasks.hosted import Caller, HostedTasks, task_elsewhere
-from gateway.tasks.input import UpstreamCall, input_required
+from gateway.tasks.input import UpstreamCall
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import (
     AwaitResult,
     Forward,
-    Handoff,
     Plan,
     RelayHooks,
     Reply,
@@ -54,10 +53,10 @@ from gateway.tasks.policy import (
     who_hosts,
     with_task_support,
 )
-from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task, TaskLimitReached
+from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task
 from gateway.tasks.result_wait import TaskResultWait, route_answer
 from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
-from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.upstream.capabilities import Capabilities
 
 
@@ -430,67 +429,16 @@ class TaskService:
     async def _modern_tool_call(self, call: TaskCall, channel: UpstreamChannel) -> Plan | None:
         """tools/call from a 2026-07-28 client: maybe a task, per the tool policy (see gateway.tasks.policy).
         Until the plan's deadline the upstream's answer reaches the client as it is; an MRTR round
-        (`InputRequiredResult`) always does, so the task is made on the final round."""
+        (`InputRequiredResult`) always does, so the task is made on the final round (`TaskHandoff`)."""
         hosting = self._plan_tool_call(call)
         if hosting is None:
             return None
         if hosting.result_is_task:
             self._hosted.check_room(_caller(call), call.message)
-        meta = jsonrpc.meta_of(call.message)
-        client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
         upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.dialect), call.headers)
-        observed: list[Message] = []
-
-        async def adopt(observed: list[Message]) -> Task:
-            """The call's task, with the notifications relayed so far as its first events."""
-            task = await self._hosted.create(_caller(call), call.message)
-            capture = self._hosted.registry.capture
-            events = [event for message in observed if (event := capture.from_notification(message)) is not None]
-            if events:
-                await self._hosted.registry.record(task, *events)
-            return task
-
-        async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
-            try:
-                task = await adopt(observed)
-            except StoreUnavailable:  # no task can hold the call: it ends here, and the client is told
-                await exchange.cancel()
-                what = "the task store cannot be used now"
-                return Unavailable(STORE_UNAVAILABLE, what, request_id=call.message["id"]).to_message()
-            self._hosted.run(task, _caller(call), upstream, exchange, call.keep_resources())
-            return self._hosted.created(_caller(call), task, call.message["id"])
-
-        def room_for_task() -> bool:
-            try:
-                self._hosted.registry.check_room(call.owner)
-            except TaskLimitReached:
-                return False
-            return True
-
-        async def result_as_task(final: Message) -> Message:
-            # A result or a JSON-RPC error becomes a task (`completed`, or `failed` with the error inlined):
-            # SEP-2663 has only an InputRequiredResult come before a task. Room was checked when the call
-            # came in; tasks made since may have filled it: answer as is.
-            if input_required(final) or not room_for_task():
-                return final
-            try:
-                task = await adopt(observed)
-            except StoreUnavailable:  # no task can be made now: the client gets the answer as it is
-                return final
-            await self._hosted.finish(task, _caller(call), final)
-            return self._hosted.created(_caller(call), task, call.message["id"])
-
-        def client_asked(message: Message) -> bool:
-            method = message.get("method")
-            return (method != "notifications/progress" or client_progress) and (
-                method != "notifications/message" or client_logs
-            )
-
-        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked, room_for_task)
-        hooks = RelayHooks(
-            transform=result_as_task if hosting.result_is_task else None, observed=observed, handoff=handoff
-        )
-        return Forward(channel, upstream.message, call.headers, hooks)
+        handoff = TaskHandoff(self._hosted, call, upstream, hosting.wait_s)
+        transform = handoff.result_as_task if hosting.result_is_task else None
+        return Forward(channel, upstream.message, call.headers, RelayHooks(transform=transform, handoff=handoff))
 
     def _plan_tool_call(self, call: TaskCall) -> Hosting | None:
         policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
