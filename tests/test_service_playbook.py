@@ -259,7 +259,11 @@ class Gateway:
 
     async def plan(self, message: Message, owner: str = ANONYMOUS) -> tuple[TaskCall, Plan]:
         call = self.call(message, owner)
-        return call, await self.service.plan(call)
+        return call, await self.plan_call(call)
+
+    async def plan_call(self, call: TaskCall) -> Plan:
+        """Plan `call` as the edge does: the upstream's facts first, then the plan."""
+        return await self.service.plan(call, await self.service.upstream_facts(call))
 
     async def forward(self, plan: Plan) -> Message:
         """Carry a Forward out as the edge does; the client's final message."""
@@ -323,7 +327,7 @@ async def about_a_task(
 async def refusal(gateway: Gateway, call: TaskCall) -> tuple[int, int]:
     """The JSON-RPC code and HTTP status the service refuses `call` with."""
     with pytest.raises(ProtocolError) as refused:
-        await gateway.service.plan(call)
+        await gateway.plan_call(call)
     return refused.value.code, refused.value.http_status
 
 
@@ -419,7 +423,7 @@ async def test_tasks_result(gateway: Gateway) -> None:
     if gateway.era is Era.MODERN and hosted_by_gateway(gateway):  # not a method of the SEP-2663 extension
         assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
         return
-    plan = await gateway.service.plan(call)
+    plan = await gateway.plan_call(call)
     if gateway.era is Era.LEGACY and hosted_by_gateway(gateway):
         # Blocks while the task works (the edge sends keep-alives), then answers exactly the outcome.
         assert isinstance(plan, AwaitResult) and task.result_streams == 1
@@ -487,7 +491,7 @@ async def test_tasks_list(gateway: Gateway) -> None:
     if gateway.era is Era.MODERN:  # not a method of the SEP-2663 extension, whatever the upstream has
         assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
     else:
-        plan = await gateway.service.plan(call)
+        plan = await gateway.plan_call(call)
         listed = {**LEGACY.task(task), "_meta": {TASK_TOOL_KEY: task.tool}}
         assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [listed]})
     assert gateway.upstream.forwarded() == before

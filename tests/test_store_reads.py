@@ -59,7 +59,7 @@ async def response(gateway: Gateway, message: Message, owner: str = ANONYMOUS) -
     message's JSON."""
     call = gateway.call(message, owner)
     try:
-        plan = await gateway.service.plan(call)
+        plan = await gateway.plan_call(call)
     except ProtocolError as error:
         error.request_id = message["id"]
         refused = error_response(error, gateway.era, retry_after_s=1)

@@ -327,7 +327,8 @@ class McpEndpoint:
                     reserved = limits.reserve_lookup(call.owner)
                 if limits is not None and call.method == "tasks/stream":
                     held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
-                plan = await self._service.plan(call)
+                facts = await self._service.upstream_facts(call)
+                plan = await self._service.plan(call, facts)
                 if reserved is not None:
                     reserved()  # found: a stream or a wait that follows must not hold the budget
                     reserved = None

@@ -1,4 +1,5 @@
-"""What the task service hands the edge: the parsed call it gets, and the plans it returns.
+"""What the task service hands the edge: the parsed call it gets, the upstream facts it plans with,
+and the plans it returns.
 
 A plan says what to do with one client request, and nothing about HTTP: reply now (`Reply`), forward
 upstream and relay the answer (`Forward`, with `RelayHooks` saying what to do with the final message and
@@ -20,6 +21,7 @@ from gateway.principal import ANONYMOUS
 from gateway.protocol.dialect import Dialect, dialect_of
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
+from gateway.tasks.policy import UpstreamSupport
 
 if TYPE_CHECKING:
     from gateway.events.log import EventLog
@@ -30,6 +32,20 @@ Transform = Callable[[Message], Awaitable[Message]]
 """What becomes of the upstream's final message before the client gets it."""
 ChannelSource = Callable[[], Awaitable["UpstreamChannel"]]
 """How a request gets its upstream channel, only once it needs one."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFacts:
+    """What the upstream declares that a call's plan depends on, gathered before planning
+    (`gateway.tasks.facts.FactGatherer`): the planner does no I/O to learn it."""
+
+    has_tasks: bool
+    """It has Tasks in the call's era (else the gateway hosts them all)."""
+    serves_streams: bool = False
+    """It serves `tasks/stream` itself (its tasks capability has `eventStreams`, SEP-2694 native)."""
+    tool_support: UpstreamSupport = UpstreamSupport.UNKNOWN
+    """What it says of the tasks of the tool a tools/call names (a 2025-11-25 upstream's tools/list
+    mark), where the plan depends on it; else UNKNOWN (the upstream decides)."""
 
 
 @dataclass

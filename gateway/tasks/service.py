@@ -1,13 +1,15 @@
 """The task service: what a client request means for tasks, decided once, returned as a plan.
 
-Given a parsed call (era, caller, message, headers, session) the service decides whether the gateway
-hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
-the upstream's cached `server/discover`; or, per tool, the upstream will not run this tool as a task:
-`gateway.tasks.policy.who_hosts`) or passes the upstream's tasks through (ids mapped by the channel
-tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
-task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
-serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
-edge carries the plan out.
+Given a parsed call (era, caller, message, headers, session) and what the upstream declares, gathered
+first (`upstream_facts`, `gateway.tasks.facts`: legacy sessions learn it from `initialize`, 2026-07-28
+requests from the upstream's cached `server/discover`, a 2025-11-25 tool's marks from its tools/list),
+the service decides whether the gateway hosts tasks (the upstream has none; or, per tool, the upstream
+will not run this tool as a task: `gateway.tasks.policy.who_hosts`) or passes the upstream's tasks
+through (ids mapped by the channel tap, the tasks a tools/call creates learned), and returns a plan
+(`gateway.tasks.plans`): a gateway-hosted task method answered now, a forward with its relay hooks, a
+tasks/stream cursor (or, for an upstream that serves tasks/stream itself, the stream forwarded), or a
+legacy tasks/result wait. Planning asks the upstream nothing and touches no HTTP; the edge carries the
+plan out.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from gateway.protocol.dialect import LEGACY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, Unavailable
 from gateway.sessions import ResponseRoute, Session
+from gateway.tasks.facts import FactGatherer
 from gateway.tasks.handoff import TaskHandoff
 from gateway.tasks.hosted import Caller, HostedTasks, task_elsewhere
 from gateway.tasks.input import UpstreamCall
@@ -41,6 +43,7 @@ from gateway.tasks.plans import (
     StreamEvents,
     TaskCall,
     Transform,
+    UpstreamFacts,
 )
 from gateway.tasks.policy import (
     Host,
@@ -49,13 +52,11 @@ from gateway.tasks.policy import (
     UpstreamSupport,
     listed_support,
     plan_tool_call,
-    policy_support,
     who_hosts,
     with_task_support,
 )
 from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task
 from gateway.tasks.result_wait import TaskResultWait, route_answer
-from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.upstream.capabilities import Capabilities
 
@@ -90,8 +91,7 @@ class TaskService:
         self.task_streams: collections.Counter[str] = collections.Counter()
         """Open tasks/stream requests per task id on this gateway, each bounded by `max_streams_per_task`
         (per process: a task's streams on other replicas are not counted)."""
-        self._tool_marks: weakref.WeakKeyDictionary[Session, ToolMarks] = weakref.WeakKeyDictionary()
-        """Per legacy session whose upstream has Tasks: what its tools/list says of each tool's tasks."""
+        self._facts = FactGatherer(upstream, tasks, server.initialize_timeout_s)
 
     # -- a legacy session's own messages ------------------------------------------------------------
 
@@ -124,11 +124,17 @@ class TaskService:
 
     # -- one classification per request ------------------------------------------------------------
 
-    async def plan(self, call: TaskCall) -> Plan:
-        """What to do with `call`; raises ProtocolError for a request that gets an error (503
-        `store_unavailable` when it needs the task store and the store cannot be used now)."""
+    async def upstream_facts(self, call: TaskCall) -> UpstreamFacts:
+        """What the upstream declares that `call`'s plan depends on; the one step before `plan` that may
+        ask the upstream (its `server/discover`, a legacy session's tools/list)."""
+        return await self._facts.gather(call)
+
+    async def plan(self, call: TaskCall, facts: UpstreamFacts) -> Plan:
+        """What to do with `call`, given what the upstream declares (`upstream_facts`); raises
+        ProtocolError for a request that gets an error (503 `store_unavailable` when it needs the task
+        store and the store cannot be used now)."""
         try:
-            return await self._plan(call)
+            return await self._plan(call, facts)
         except StoreUnavailable as error:
             if self.store_failed is not None:
                 self.store_failed(error)
@@ -136,10 +142,9 @@ class TaskService:
                 STORE_UNAVAILABLE, "the task store cannot be used now", request_id=call.message.get("id")
             ) from None
 
-    async def _plan(self, call: TaskCall) -> Plan:
-        upstream_tasks = await self._upstream_has_tasks(call)
-        hosting = not upstream_tasks or await self._gateway_hosts(call)
-        if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
+    async def _plan(self, call: TaskCall, facts: UpstreamFacts) -> Plan:
+        hosting = not facts.has_tasks or self._gateway_hosts(call, facts)
+        if call.method == "tasks/stream" and (hosting or not facts.serves_streams):
             return await self._stream(call)
         if not hosting:
             return await self._with_upstream_tasks(call)
@@ -151,53 +156,21 @@ class TaskService:
             planned = await tool_call(call, await call.channel())
             if planned is not None:
                 return planned
-        return self._forward(call, await call.channel(), self._transform_for(call, upstream_tasks))
+        return self._forward(call, await call.channel(), self._transform_for(call, facts.has_tasks))
 
-    async def _upstream_has_tasks(self, call: TaskCall) -> bool:
-        """Whether the upstream has Tasks in the call's era (else the gateway hosts them all)."""
-        if call.session is not None:
-            return call.session.upstream_capabilities.tasks
-        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
-
-    async def _gateway_hosts(self, call: TaskCall) -> bool:
+    def _gateway_hosts(self, call: TaskCall, facts: UpstreamFacts) -> bool:
         """Whether a call is the gateway's although the upstream has Tasks: a tools/call of a tool whose
         tasks the upstream will not run (the gateway hosts them, or refuses them), or a request naming a
         task the gateway hosts here."""
         if call.method == "tools/call":
-            return (await self._tool_hosting(call)).host is not Host.UPSTREAM
+            policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
+            return who_hosts(facts.tool_support, policy, call.era).host is not Host.UPSTREAM
         if call.method == "tasks/stream" or call.method in call.dialect.task_requests:
             task = self._hosted.registry.get(call.owner, jsonrpc.params_of(call.message).get("taskId"))
             return task is not None and task.record.upstream is None
         return False
 
-    async def _tool_hosting(self, call: TaskCall) -> ToolHosting:
-        """Who hosts the tasks of the tool a tools/call names, its upstream having Tasks. A 2026-07-28
-        upstream decides per call (its tools carry no mark); a 2025-11-25 one marks each tool in its
-        tools/list, asked for when the call's plan depends on it and the tool was not listed yet."""
-        name = jsonrpc.params_of(call.message).get("name")
-        policy = self._hosted.policy(name)
-        session = call.session
-        may_be_task = call.dialect.may_create_task(call.message)
-        if (
-            session is None
-            or not isinstance(name, str)
-            or not (may_be_task or policy_support(policy, call.era) == "required")
-        ):
-            # A plain call of a tool the gateway would not require as a task: the upstream answers it
-            # whoever would host the tool's tasks.
-            return who_hosts(UpstreamSupport.UNKNOWN, policy, call.era)
-        marks = self._tool_marks.setdefault(session, ToolMarks())
-        if marks.of(name) is None:
-            await marks.ask(session.channel, call.headers, ASK_TIMEOUT_S)
-        return who_hosts(marks.of(name) or UpstreamSupport.UNKNOWN, policy, call.era)
-
     # -- tasks the upstream hosts ----------------------------------------------------------------
-
-    async def _upstream_serves_streams(self, call: TaskCall) -> bool:
-        """Whether the upstream serves tasks/stream itself (its tasks capability has `eventStreams`)."""
-        if call.session is not None:
-            return call.session.upstream_capabilities.event_streams
-        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).event_streams
 
     async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
@@ -304,7 +277,7 @@ class TaskService:
         """tools/list with each tool's effective `execution.taskSupport` (`who_hosts`), in both eras; a
         2025-11-25 session whose upstream has Tasks learns the upstream's marks from it first."""
         session = call.session
-        marks = self._tool_marks.setdefault(session, ToolMarks()) if upstream_tasks and session is not None else None
+        marks = self._facts.marks(session) if upstream_tasks and session is not None else None
 
         def hosting_of(tool: Mapping[str, Any]) -> ToolHosting:
             upstream = listed_support(tool) if upstream_tasks else UpstreamSupport.NONE
