@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -75,6 +75,18 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
     return json_response(message, status, headers)
 
 
+def _not_allowed(method: str) -> ProtocolError:
+    return ProtocolError(
+        jsonrpc.INVALID_REQUEST,
+        f"Method Not Allowed: {method} is not served on the 2026-07-28 path; use POST",
+        http_status=405,
+    )
+
+
+PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
+"""Serves a checked and parsed POST in its era's way (in a session, or on its own)."""
+
+
 class McpEndpoint:
     def __init__(
         self,
@@ -110,20 +122,24 @@ class McpEndpoint:
             if self._limits is not None:
                 self._limits.admit(principal.owner)
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
-            if request.method == "POST":
-                return await self._post(request, era, principal)
-            # 2026-07-28 has no sessions, so no GET stream and no DELETE.
-            if era is Era.MODERN or request.method not in ("GET", "DELETE"):
-                raise ProtocolError(
-                    jsonrpc.INVALID_REQUEST,
-                    f"Method Not Allowed: {request.method} is not served on the 2026-07-28 path; use POST",
-                    http_status=405,
-                )
-            if request.method == "GET":
-                return await self._get_stream(request, principal)
-            return await self._delete(request, principal)
+            # Era branch: 2025-11-25 requests live in sessions (handshake, GET stream, DELETE, client
+            # responses); 2026-07-28 ones stand alone, on POST only.
+            if era.has_sessions:
+                return await self._in_session(request, era, principal)
+            if request.method != "POST":
+                raise _not_allowed(request.method)
+            return await self._post(request, era, principal, self._modern_post)
         except ProtocolError as error:
             return self._refused(request, error, principal)
+
+    async def _in_session(self, request: web.Request, era: Era, principal: Principal) -> web.StreamResponse:
+        if request.method == "POST":
+            return await self._post(request, era, principal, self._legacy_post)
+        if request.method == "GET":
+            return await self._get_stream(request, principal)
+        if request.method == "DELETE":
+            return await self._delete(request, principal)
+        raise _not_allowed(request.method)
 
     def _refused(
         self, request: web.Request, error: ProtocolError, principal: Principal | None, message: Message | None = None
@@ -140,7 +156,9 @@ class McpEndpoint:
 
     # -- POST ------------------------------------------------------------------------------------
 
-    async def _post(self, request: web.Request, era: Era, principal: Principal) -> web.StreamResponse:
+    async def _post(
+        self, request: web.Request, era: Era, principal: Principal, serve: PostHandler
+    ) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
@@ -151,10 +169,7 @@ class McpEndpoint:
             if kind is Kind.REQUEST:
                 self._check_call(principal, message)
             headers = forwardable_headers(request.headers)
-            # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
-            if era is Era.LEGACY:
-                return await self._legacy_post(request, era, message, kind, headers, principal)
-            return await self._modern_post(request, era, message, kind, headers, principal)
+            return await serve(request, era, message, kind, headers, principal)
         except ProtocolError as error:
             return self._refused(request, error, principal, message)
 

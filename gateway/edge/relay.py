@@ -190,7 +190,7 @@ async def _client_gone(exchange: Exchange, era: Era, metrics: Metrics, cancel: b
     """Modern (or `cancel`): a dropped POST is the cancel. Legacy: the call runs on; its output is discarded."""
     if exchange.finished:
         return
-    if era is Era.MODERN or cancel:  # a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call outlives its stream
+    if era.drop_cancels or cancel:  # era branch: a dropped 2026-07-28 POST is the cancel; a 2025-11-25 call runs on
         metrics.requests.labels(method=exchange.method, outcome="cancelled").inc()
         await exchange.cancel()
     else:

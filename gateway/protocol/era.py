@@ -49,8 +49,22 @@ class Era(enum.Enum):
             return 200
         return _MODERN_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
 
+    # -- behaviour that differs by era, named for the code that asks (issue 18) ----------------------
 
-# -- what the edge and the task service ask of an era (named rules instead of era tests) --------------
+    @property
+    def has_sessions(self) -> bool:
+        """2025-11-25 requests live in sessions (initialize, `Mcp-Session-Id`, a GET stream, DELETE,
+        client responses); 2026-07-28 ones stand alone, on POST only."""
+        return self is Era.LEGACY
+
+    @property
+    def drop_cancels(self) -> bool:
+        """A client that drops a request's response cancels the request (2026-07-28: closing the POST is
+        the cancel); a 2025-11-25 call outlives its stream (its output is discarded)."""
+        return self is Era.MODERN
+
+
+# -- what a legacy session asks of its protocol version (issue 18) -------------------------------------
 
 
 def primes_streams(protocol_version: str) -> bool:

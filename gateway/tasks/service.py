@@ -151,7 +151,8 @@ class TaskService:
         if self._serves(call):
             return await self._task_method(call)
         if call.method == "tools/call":
-            # SEP-1686: the client asked for a task; SEP-2663: the gateway decides as the call runs.
+            # Era branch: who decides differs. SEP-1686: the client asked for a task (answered at once
+            # with CreateTaskResult); SEP-2663: the gateway decides as the call runs (a forward with a handoff).
             tool_call = self._legacy_tool_call if call.era is Era.LEGACY else self._modern_tool_call
             planned = await tool_call(call, await call.channel())
             if planned is not None:
@@ -202,8 +203,9 @@ class TaskService:
                 # the upstream conversation that held the task is gone.
                 return await self._task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
-            # A 2025-11-25 task lives in the session that created it; a 2026-07-28 one on a pinned pool channel.
-            channel = task.upstream.channel if call.era is Era.LEGACY else await call.channel()
+            # A task of a session lives in the conversation of the session that created it; a call without a
+            # session leases the pooled channel pinned to the task's id.
+            channel = task.upstream.channel if call.session is not None else await call.channel()
             if call.session is not None and channel is not call.session.channel:
                 # A task of another session of this caller: answers to its requests go back to it.
                 answer_route = self._answering(channel)
@@ -303,8 +305,8 @@ class TaskService:
         answer_route: ResponseRoute | None = None,
         cancel_when_gone: bool = False,
     ) -> Forward:
-        # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
-        if call.era is Era.MODERN:
+        # A call without a session went to a pooled channel, where an MRTR retry must find its process again.
+        if call.session is None:
             transform = self._pinning(channel, transform)
         hooks = RelayHooks(call.session, answer_route, transform, observed, cancel_when_gone=cancel_when_gone)
         return Forward(channel, call.message, call.headers, hooks)
