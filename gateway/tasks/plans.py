@@ -7,6 +7,10 @@ what to observe on the way), stream a task's log from a cursor (`StreamEvents`),
 task's result (`AwaitResult`). The edge carries plans out over HTTP and decides no task semantics;
 what a plan holds (a stream slot, a pooled channel) sits in the call's `resources`, released once the
 request's response is done unless a task took it over.
+
+Plain types only: where the edge must call back into task logic, a plan holds a small interface the
+task side implements (`CallHandoff`: `gateway.tasks.handoff`; `ResultWait`: `gateway.tasks.result_wait`).
+Sessions, the hosted runner, the registry and the stores are named here as types, never imported.
 """
 
 from __future__ import annotations
