@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.protocol.dialect import MODERN
-from gateway.protocol.era import Era
+from gateway.protocol.era import Era, primes_streams
 from gateway.protocol.jsonrpc import Message
 from gateway.tasks.handoff import TaskHandoff
 from gateway.tasks.input import UpstreamCall
@@ -171,3 +171,12 @@ async def test_an_answer_within_the_deadline_becomes_an_ended_task_unless_it_ask
     assert created == {"jsonrpc": "2.0", "id": request_id, "result": {"resultType": "task", **MODERN.task(task)}}
     record = await gateway.hosted.reads.record(task.owner, task.id)
     assert record is not None and record.terminal
+
+
+# -- the era rules the edge asks by name ------------------------------------------------------------------
+
+
+def test_the_era_rules_the_edge_asks() -> None:
+    assert Era.LEGACY.has_sessions and not Era.MODERN.has_sessions
+    assert Era.MODERN.drop_cancels and not Era.LEGACY.drop_cancels
+    assert primes_streams("2025-11-25") and not primes_streams("2025-06-18")
