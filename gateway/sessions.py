@@ -27,9 +27,11 @@ from typing import TypeVar
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
 from gateway.metrics import Metrics
+from gateway.protocol.era import primes_streams
 from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.replay import SessionStreams
 from gateway.upstream.base import Upstream, UpstreamBusy, UpstreamChannel
+from gateway.upstream.capabilities import Capabilities
 
 log = logging.getLogger("gateway.sessions")
 
@@ -49,11 +51,7 @@ class Session:
         """The principal that initialized it (set by the edge); another principal gets 404 for it."""
         self.engaged = False
         """Made a request (or opened its GET stream) after the handshake; until then it expires soon."""
-        self.upstream_has_tasks = False
-        """Learned from the upstream's initialize result; without Tasks the gateway hosts them."""
-        self.upstream_serves_streams = False
-        """The upstream's tasks capability has `eventStreams`: it serves `tasks/stream` itself (SEP-2694
-        native), and the gateway forwards the streams of its tasks."""
+        self._upstream_capabilities = Capabilities(tasks=False)
         self._pending_server_requests: set[RequestId] = set()
         """Server-to-client requests relayed to this client and not yet answered."""
         self._task_streams: set[str] = set()
@@ -76,6 +74,24 @@ class Session:
         return not (
             self._running_tasks or self._pending_server_requests or self._response_routes or self._local_requests
         )
+
+    @property
+    def upstream_capabilities(self) -> Capabilities:
+        """What the upstream's initialize result declared: without Tasks the gateway hosts them; with
+        `eventStreams` it serves `tasks/stream` itself (SEP-2694 native), and the gateway forwards them."""
+        return self._upstream_capabilities
+
+    def learn_upstream(self, capabilities: Capabilities) -> None:
+        self._upstream_capabilities = capabilities
+
+    def agreed_version(self, protocol_version: str) -> None:
+        """The protocol version the handshake agreed on: its SSE streams open with a priming event only
+        where the version knows them."""
+        self.streams.priming = primes_streams(protocol_version)
+
+    def engage(self) -> None:
+        """A request (or the GET stream) after the handshake: the session is in use, no longer expired soon."""
+        self.engaged = True
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()

@@ -190,7 +190,7 @@ class MarkingUpstream(ScriptedUpstream):
 @pytest.fixture
 async def marking() -> AsyncIterator[Gateway]:
     gateway = Gateway(Era.LEGACY, SEP_1686, upstream=MarkingUpstream(SEP_1686))
-    assert gateway.session is not None and gateway.session.upstream_has_tasks
+    assert gateway.session is not None and gateway.session.upstream_capabilities.tasks
     yield gateway
     await gateway.stop()
 

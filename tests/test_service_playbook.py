@@ -34,6 +34,7 @@ from gateway.edge.responder import Responder
 from gateway.edge.task_routes import stream_events
 from gateway.events.capture import Capture
 from gateway.metrics import Metrics
+from gateway.principal import ANONYMOUS
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, MODERN, TASK_TOOL_KEY, declares_tasks_extension, dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
@@ -45,7 +46,7 @@ from gateway.sessions import Session
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import AwaitResult, Forward, Plan, Reply, StreamEvents, TaskCall
-from gateway.tasks.registry import ANONYMOUS, Task, TaskRegistry
+from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.service import TaskService
 from gateway.upstream.base import Exchange, UpstreamChannel
 from tests.fake_upstream import OneConversation
@@ -259,7 +260,11 @@ class Gateway:
 
     async def plan(self, message: Message, owner: str = ANONYMOUS) -> tuple[TaskCall, Plan]:
         call = self.call(message, owner)
-        return call, await self.service.plan(call)
+        return call, await self.plan_call(call)
+
+    async def plan_call(self, call: TaskCall) -> Plan:
+        """Plan `call` as the edge does: the upstream's facts first, then the plan."""
+        return await self.service.plan(call, await self.service.upstream_facts(call))
 
     async def forward(self, plan: Plan) -> Message:
         """Carry a Forward out as the edge does; the client's final message."""
@@ -323,7 +328,7 @@ async def about_a_task(
 async def refusal(gateway: Gateway, call: TaskCall) -> tuple[int, int]:
     """The JSON-RPC code and HTTP status the service refuses `call` with."""
     with pytest.raises(ProtocolError) as refused:
-        await gateway.service.plan(call)
+        await gateway.plan_call(call)
     return refused.value.code, refused.value.http_status
 
 
@@ -419,14 +424,14 @@ async def test_tasks_result(gateway: Gateway) -> None:
     if gateway.era is Era.MODERN and hosted_by_gateway(gateway):  # not a method of the SEP-2663 extension
         assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
         return
-    plan = await gateway.service.plan(call)
+    plan = await gateway.plan_call(call)
     if gateway.era is Era.LEGACY and hosted_by_gateway(gateway):
         # Blocks while the task works (the edge sends keep-alives), then answers exactly the outcome.
         assert isinstance(plan, AwaitResult) and task.result_streams == 1
-        assert await plan.next(0.01) == ([], None)
+        assert await plan.wait.next(0.01) == ([], None)
         await gateway.upstream.release()
         related = {RELATED_TASK_KEY: {"taskId": task.id}}
-        assert await plan.next(5) == ([], answer(message, {**ECHO, "_meta": related}))
+        assert await plan.wait.next(5) == ([], answer(message, {**ECHO, "_meta": related}))
         await call.resources.aclose()
         assert task.result_streams == 0 and gateway.upstream.forwarded() == before
         return
@@ -487,7 +492,7 @@ async def test_tasks_list(gateway: Gateway) -> None:
     if gateway.era is Era.MODERN:  # not a method of the SEP-2663 extension, whatever the upstream has
         assert await refusal(gateway, call) == (jsonrpc.METHOD_NOT_FOUND, 404)
     else:
-        plan = await gateway.service.plan(call)
+        plan = await gateway.plan_call(call)
         listed = {**LEGACY.task(task), "_meta": {TASK_TOOL_KEY: task.tool}}
         assert isinstance(plan, Reply) and plan.message == answer(message, {"tasks": [listed]})
     assert gateway.upstream.forwarded() == before
@@ -531,7 +536,7 @@ async def test_a_legacy_session_learns_from_initialize_who_hosts_tasks(kind: str
     gateway = Gateway(Era.LEGACY, kind)
     assert gateway.session is not None
     passes_through = kind == SEP_1686
-    assert gateway.session.upstream_has_tasks is passes_through
+    assert gateway.session.upstream_capabilities.tasks is passes_through
     assert (gateway.upstream.tap == gateway.passthrough.observe) is passes_through  # ids mapped, tasks captured
     tasks = gateway.initialized["capabilities"]["tasks"]
     assert set(tasks) == {"list", "cancel", "requests", "eventStreams"}  # the upstream's, or the gateway's own

@@ -24,13 +24,14 @@ from gateway.edge.endpoint import error_response
 from gateway.edge.responder import Responder
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.events.stream import EVENTS_GONE
+from gateway.principal import ANONYMOUS
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError
 from gateway.tasks.plans import AwaitResult, Reply, StreamEvents
 from gateway.tasks.records import TaskStatus
-from gateway.tasks.registry import ANONYMOUS, Task
+from gateway.tasks.registry import Task
 from tests.test_service_playbook import ECHO, TASKLESS, Gateway, Recorder
 
 ERAS = [Era.LEGACY, Era.MODERN]
@@ -58,7 +59,7 @@ async def response(gateway: Gateway, message: Message, owner: str = ANONYMOUS) -
     message's JSON."""
     call = gateway.call(message, owner)
     try:
-        plan = await gateway.service.plan(call)
+        plan = await gateway.plan_call(call)
     except ProtocolError as error:
         error.request_id = message["id"]
         refused = error_response(error, gateway.era, retry_after_s=1)

@@ -19,7 +19,6 @@ import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
@@ -27,9 +26,10 @@ from aiohttp import web
 
 from gateway.config import AuthConfig, AuthRule, ClaimValue, ConfigError
 from gateway.edge.responder import json_response
+from gateway.principal import ANONYMOUS_PRINCIPAL
+from gateway.principal import Principal as Principal  # the edge makes it; re-exported for its callers
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, ProtocolError
-from gateway.tasks.plans import ANONYMOUS
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 QUERY_TOKEN_NAMES = frozenset({"access_token", "token", "api_key", "apikey", "key"})
@@ -39,20 +39,6 @@ TOKEN_SYNTAX = re.compile(r"[\x21-\x7e]+")
 UNQUOTABLE = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
 """What RFC 6750 forbids in an `error_description` (controls, `"`, `\\`, non-ASCII): replaced."""
 MAX_DESCRIPTION_CHARS = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling, as the layers below the edge may know it."""
-
-    owner: str
-    """The keyed hash tasks and sessions are bound to (`anonymous` in mode = "none")."""
-    scopes: frozenset[str]
-    claims: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    """The caller's claims that `[[auth.rules]]` have conditions on (only those)."""
-
-
-ANONYMOUS_PRINCIPAL = Principal(ANONYMOUS, frozenset())
 
 
 class ValidatedToken(NamedTuple):

@@ -16,26 +16,27 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
 from gateway.buffers import BufferBudget
 from gateway.config import ServerConfig
 from gateway.edge import checks
-from gateway.edge.auth import AuthRefused, EdgeAuth, Principal
+from gateway.edge.auth import AuthRefused, EdgeAuth
 from gateway.edge.limits import PrincipalLimits, RateLimited
 from gateway.edge.rejections import UNKNOWN_TASK_MESSAGE, Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
+from gateway.principal import Principal
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
-from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, Era
+from gateway.protocol.era import Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError, Unavailable
-from gateway.replay import LAST_EVENT_ID, StreamGap
+from gateway.replay import LAST_EVENT_ID, ReplayStream, StreamGap
 from gateway.sessions import Session, SessionRegistry
 from gateway.tasks.plans import AwaitResult, Forward, Plan, RelayHooks, Reply, StreamEvents, TaskCall
 from gateway.tasks.service import TaskService
@@ -74,6 +75,18 @@ def error_response(error: ProtocolError, era: Era | None = None, *, retry_after_
     return json_response(message, status, headers)
 
 
+def _not_allowed(method: str) -> ProtocolError:
+    return ProtocolError(
+        jsonrpc.INVALID_REQUEST,
+        f"Method Not Allowed: {method} is not served on the 2026-07-28 path; use POST",
+        http_status=405,
+    )
+
+
+PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
+"""Serves a checked and parsed POST in its era's way (in a session, or on its own)."""
+
+
 class McpEndpoint:
     def __init__(
         self,
@@ -109,20 +122,24 @@ class McpEndpoint:
             if self._limits is not None:
                 self._limits.admit(principal.owner)
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
-            if request.method == "POST":
-                return await self._post(request, era, principal)
-            # 2026-07-28 has no sessions, so no GET stream and no DELETE.
-            if era is Era.MODERN or request.method not in ("GET", "DELETE"):
-                raise ProtocolError(
-                    jsonrpc.INVALID_REQUEST,
-                    f"Method Not Allowed: {request.method} is not served on the 2026-07-28 path; use POST",
-                    http_status=405,
-                )
-            if request.method == "GET":
-                return await self._get_stream(request, principal)
-            return await self._delete(request, principal)
+            # Era branch: 2025-11-25 requests live in sessions (handshake, GET stream, DELETE, client
+            # responses); 2026-07-28 ones stand alone, on POST only.
+            if era.has_sessions:
+                return await self._in_session(request, era, principal)
+            if request.method != "POST":
+                raise _not_allowed(request.method)
+            return await self._post(request, era, principal, self._modern_post)
         except ProtocolError as error:
             return self._refused(request, error, principal)
+
+    async def _in_session(self, request: web.Request, era: Era, principal: Principal) -> web.StreamResponse:
+        if request.method == "POST":
+            return await self._post(request, era, principal, self._legacy_post)
+        if request.method == "GET":
+            return await self._get_stream(request, principal)
+        if request.method == "DELETE":
+            return await self._delete(request, principal)
+        raise _not_allowed(request.method)
 
     def _refused(
         self, request: web.Request, error: ProtocolError, principal: Principal | None, message: Message | None = None
@@ -139,7 +156,9 @@ class McpEndpoint:
 
     # -- POST ------------------------------------------------------------------------------------
 
-    async def _post(self, request: web.Request, era: Era, principal: Principal) -> web.StreamResponse:
+    async def _post(
+        self, request: web.Request, era: Era, principal: Principal, serve: PostHandler
+    ) -> web.StreamResponse:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
@@ -150,10 +169,7 @@ class McpEndpoint:
             if kind is Kind.REQUEST:
                 self._check_call(principal, message)
             headers = forwardable_headers(request.headers)
-            # 2025-11-25 requests live in sessions (handshake, client responses); 2026-07-28 ones stand alone.
-            if era is Era.LEGACY:
-                return await self._legacy_post(request, era, message, kind, headers, principal)
-            return await self._modern_post(request, era, message, kind, headers, principal)
+            return await serve(request, era, message, kind, headers, principal)
         except ProtocolError as error:
             return self._refused(request, error, principal, message)
 
@@ -208,7 +224,7 @@ class McpEndpoint:
             return await self._initialize(request, era, message, headers, principal)
         session = await self._session_for(request, principal)
         if kind is not Kind.NOTIFICATION or message["method"] != "notifications/initialized":
-            session.engaged = True
+            session.engage()
         if kind is Kind.NOTIFICATION:
             await self._service.client_notification(session, message, headers)
             return web.Response(status=202)
@@ -259,8 +275,7 @@ class McpEndpoint:
         if "error" in final or not isinstance(final.get("result"), dict):
             await self._sessions.close(session.id)
             return json_response(final)
-        # Priming events are SEP-1699 (2025-11-25): older clients would try to parse their empty data.
-        session.streams.priming = str(final["result"].get("protocolVersion")) >= LATEST_HANDSHAKE_VERSION
+        session.agreed_version(str(final["result"].get("protocolVersion")))
         final = {**final, "result": self._service.initialized(session, final["result"])}
         responder = Responder(request, self._metrics, headers={SESSION_HEADER: session.id})
         try:
@@ -327,7 +342,8 @@ class McpEndpoint:
                     reserved = limits.reserve_lookup(call.owner)
                 if limits is not None and call.method == "tasks/stream":
                     held.enter_context(limits.stream(call.owner, self._config.retry_after_s))
-                plan = await self._service.plan(call)
+                facts = await self._service.upstream_facts(call)
+                plan = await self._service.plan(call, facts)
                 if reserved is not None:
                     reserved()  # found: a stream or a wait that follows must not hold the budget
                     reserved = None
@@ -422,36 +438,39 @@ class McpEndpoint:
             raise ProtocolError(
                 jsonrpc.INVALID_REQUEST, "Conflict: this session already has an open GET stream", http_status=409
             )
-        session.engaged = True
-        session.open_streams += 1
+        session.engage()
         responder = Responder(request, self._metrics, write_timeout_s=self._config.write_timeout_s)
-        try:
-            opening = stream.opening(after)
-            await (responder.write(opening) if opening else responder.keepalive())
-            while True:
-                frames, after = stream.after(after)
-                if frames:
-                    await responder.write(frames)
-                    stream.written(after)
-                elif stream.ended:
-                    break
-                elif not await stream.grown(self._config.keepalive_s):
-                    await responder.keepalive()
-            assert responder.stream is not None
-            await responder.stream.write_eof()
-            if stream is not session.streams.standalone:
-                session.streams.forget(stream)  # a response's stream, written to its end
-        except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
-            # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
-            if responder.stream is None:
-                raise
-            responder.abandon()
-        finally:
-            session.streams.detach(stream)
-            session.open_streams -= 1
-            responder.close()
+        with session.serving():
+            try:
+                await self._replay(stream, after, responder)
+                if stream is not session.streams.standalone:
+                    session.streams.forget(stream)  # a response's stream, written to its end
+            except (asyncio.CancelledError, ConnectionResetError, SlowClient, StreamGap):
+                # A gap: the client lagged beyond what the stream keeps. Cut it; its resume gets 410.
+                if responder.stream is None:
+                    raise
+                responder.abandon()
+            finally:
+                session.streams.detach(stream)
+                responder.close()
         assert responder.stream is not None
         return responder.stream
+
+    async def _replay(self, stream: ReplayStream, after: int, responder: Responder) -> None:
+        """The stream's events after `after`, then live until it ends (a response's stream ends with it)."""
+        opening = stream.opening(after)
+        await (responder.write(opening) if opening else responder.keepalive())
+        while True:
+            frames, after = stream.after(after)
+            if frames:
+                await responder.write(frames)
+                stream.written(after)
+            elif stream.ended:
+                break
+            elif not await stream.grown(self._config.keepalive_s):
+                await responder.keepalive()
+        assert responder.stream is not None
+        await responder.stream.write_eof()
 
     async def _delete(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         session = await self._session_for(request, principal)

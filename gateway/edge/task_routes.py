@@ -2,8 +2,8 @@
 tasks/result that waits for its task.
 
 The task service decides what each of them means (`gateway.tasks.plans`); these functions only write:
-SSE frames as the plan produces them, keep-alives while it waits, its final message, and what a client
-that goes away (or stops reading) means for the response.
+SSE frames from the log's cursor (`gateway.events.stream.run_stream`), keep-alives while a plan waits,
+its final message, and what a client that goes away (or stops reading) means for the response.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import asyncio
 from aiohttp import web
 
 from gateway.edge.responder import Responder, SlowClient
-from gateway.protocol import sse
+from gateway.events.stream import run_stream
+from gateway.protocol import jsonrpc, sse
+from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
+from gateway.protocol.jsonrpc import Message
 from gateway.tasks.plans import AwaitResult, StreamEvents
 
 
@@ -22,7 +25,7 @@ async def await_result(plan: AwaitResult, responder: Responder, era: Era, keepal
     """Keep the response alive until the task's answer, carrying its requests to the client meanwhile."""
     try:
         while True:
-            requests, final = await plan.next(keepalive_s)
+            requests, final = await plan.wait.next(keepalive_s)
             if final is not None:
                 return await responder.finish(final, era)
             await (responder.send(requests) if requests else responder.keepalive())
@@ -39,7 +42,7 @@ async def stream_events(plan: StreamEvents, responder: Responder) -> web.StreamR
     """The task's events as SSE, then the stream's final message."""
     try:
         await responder.write(sse.encode_comment("stream"))
-        final = await plan.run(responder.write, responder.send)
+        final = await _deliver(plan, responder)
         return await responder.finish(final, plan.era)
     except (asyncio.CancelledError, ConnectionResetError, SlowClient):
         # The stream's client is gone (or too slow): delivery stops, the task carries on.
@@ -49,3 +52,33 @@ async def stream_events(plan: StreamEvents, responder: Responder) -> web.StreamR
         return response
     finally:
         responder.close()
+
+
+async def _deliver(plan: StreamEvents, responder: Responder) -> Message:
+    """Write the events (SSE) and, for a request with a progress token, progress notifications; the
+    stream's final message."""
+    request_id = plan.request["id"]
+    token = jsonrpc.meta_of(plan.request).get("progressToken")
+
+    async def progress(delivered: int) -> None:
+        # Progress on the stream request's own token: request-local UX, never a task event (no seq).
+        note = {"progressToken": token, "progress": delivered, "message": f"{delivered} events delivered"}
+        await responder.send([{"jsonrpc": "2.0", "method": "notifications/progress", "params": note}])
+
+    outcome = await run_stream(
+        plan.log,
+        plan.task_id,
+        plan.first_seq,
+        responder.write,
+        stop=plan.stop,
+        keepalive_s=plan.keepalive_s,
+        batch=plan.replay_batch,
+        on_batch=progress if token is not None else None,
+        flush_interval_s=plan.flush_interval_s,
+    )
+    if plan.stop.is_set():
+        return jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")
+    if outcome is not None:
+        outcome.request_id = request_id
+        return outcome.to_message()
+    return dialect_of(plan.era).stream_end(request_id)

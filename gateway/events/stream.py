@@ -171,7 +171,7 @@ async def run_stream(
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
     flush_interval_s: float,
-) -> Message | ProtocolError | None:
+) -> ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
@@ -180,8 +180,7 @@ async def run_stream(
     read, the stream waits for it (keep-alives every `keepalive_s`).
     """
     frames = EventFrames(task_id)
-    cursor = first_seq
-    delivered = 0
+    cursor, delivered = first_seq, 0
     pacer = WritePacer(flush_interval_s)
     caught_up = False
     resets = log.resets
@@ -202,15 +201,9 @@ async def run_stream(
         if events:
             if events[0].seq != cursor:
                 return events_gone(task_id, events[0].seq)
-            await write(frames.frames(events))
+            delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
             pacer.wrote()
             cursor = events[-1].seq + 1
-            delivered += len(events)
-            if on_batch is not None:
-                await on_batch(delivered)
-            # A replay can run far ahead of a fast client without the socket ever pushing back; yield
-            # so one long replay never starves the other streams on the loop.
-            await asyncio.sleep(0)
             continue
         try:
             bounds = await log.bounds(task_id)
@@ -227,6 +220,19 @@ async def run_stream(
         if not await _wait(log, task_id, cursor - 1, keepalive_s, stop) and not stop.is_set():
             await write(sse.encode_comment("keepalive"))
     return None
+
+
+async def _deliver(
+    frames: bytes, delivered: int, write: Write, on_batch: Callable[[int], Awaitable[None]] | None
+) -> int:
+    """Write one batch's frames; `delivered` (the events delivered with it) is told to `on_batch`."""
+    await write(frames)
+    if on_batch is not None:
+        await on_batch(delivered)
+    # A replay can run far ahead of a fast client without the socket ever pushing back; yield so one
+    # long replay never starves the other streams on the loop.
+    await asyncio.sleep(0)
+    return delivered
 
 
 class _Outage:

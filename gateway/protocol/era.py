@@ -49,9 +49,9 @@ class Era(enum.Enum):
             return 200
         return _MODERN_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
 
-    # -- what a client does differently in each era ----------------------------------------------
-    # gateway.client and gateway.conformance ask these instead of comparing eras; shapes of task
-    # messages are the Dialect's (protocol/dialect.py).
+    # -- what differs by era, named for the code that asks -----------------------------------------
+    # The edge, the task service, the client and the conformance kit ask these instead of comparing
+    # eras; the shapes of task messages are the Dialect's (protocol/dialect.py).
 
     @classmethod
     def parse(cls, text: str) -> Era:
@@ -68,9 +68,9 @@ class Era(enum.Enum):
 
     @property
     def has_sessions(self) -> bool:
-        """2025-11-25: `initialize` opens a session (`Mcp-Session-Id`, DELETE ends it), the server may send
-        requests on a response stream (elicitation), and a request is cancelled with
-        `notifications/cancelled`. In 2026-07-28 each POST stands alone and closing it is the cancel."""
+        """2025-11-25: `initialize` opens a session (`Mcp-Session-Id`, a GET stream, DELETE ends it), the
+        server may send requests on a response stream (elicitation) and the client answers them, and a
+        request is cancelled with `notifications/cancelled`. In 2026-07-28 each POST stands alone."""
         return self is Era.LEGACY
 
     @property
@@ -96,3 +96,18 @@ class Era(enum.Enum):
         """Where a server declares its tasks capability in its `initialize` (2025-11-25) or `server/discover`
         (2026-07-28) result, for messages."""
         return "capabilities.tasks" if self is Era.LEGACY else f'capabilities.extensions["{TASKS_EXTENSION}"]'
+
+    @property
+    def drop_cancels(self) -> bool:
+        """A client that drops a request's response cancels the request (2026-07-28: closing the POST is
+        the cancel); a 2025-11-25 call outlives its stream (its output is discarded)."""
+        return self is Era.MODERN
+
+
+# -- what a legacy session asks of its protocol version (issue 18) -------------------------------------
+
+
+def primes_streams(protocol_version: str) -> bool:
+    """Whether a legacy session's SSE streams open with a priming event: SEP-1699 (2025-11-25) added
+    them, and older clients would try to parse their empty data."""
+    return protocol_version >= LATEST_HANDSHAKE_VERSION

@@ -90,8 +90,10 @@ class ToolHosting:
 def policy_support(policy: ToolTaskPolicy, era: Era) -> TaskSupport:
     """The task support the gateway's policy gives a tool in `era`: `task_support` for 2025-11-25; for
     2026-07-28 what `modern` does (never: forbidden, required: required, after_ms / always: optional)."""
-    if era is Era.LEGACY:
-        return policy.task_support
+    return _ERA_RULES[era].support(policy)
+
+
+def _modern_support(policy: ToolTaskPolicy) -> TaskSupport:
     if policy.modern == "never":
         return "forbidden"
     return "required" if policy.modern == "required" else "optional"
@@ -134,10 +136,7 @@ def with_task_support(result: dict[str, Any], hosting_of: Callable[[Mapping[str,
 def plan_tool_call(policy: ToolTaskPolicy, message: Message, era: Era) -> Hosting | None:
     """How `message` (a tools/call) may become a hosted task; None: forward it as a plain call.
     Raises ProtocolError when the call breaks the tool's policy."""
-    # Who decides differs: the 2025-11-25 client asks for a task, the 2026-07-28 gateway decides.
-    if era is Era.LEGACY:
-        return _plan_legacy(policy, message)
-    return _plan_modern(policy, message)
+    return _ERA_RULES[era].plan(policy, message)
 
 
 def _plan_legacy(policy: ToolTaskPolicy, message: Message) -> Hosting | None:
@@ -168,3 +167,18 @@ def _plan_modern(policy: ToolTaskPolicy, message: Message) -> Hosting | None:
     if any(key in params for key in RETRY_PARAMS):
         return AT_ONCE
     return Hosting(policy.input_window_ms / 1000, result_is_task=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _EraRules:
+    """Who decides that a tools/call is a task differs by era: the 2025-11-25 client asks for one
+    (`task_support` says whether it may or must), the 2026-07-28 gateway decides (`modern`)."""
+
+    support: Callable[[ToolTaskPolicy], TaskSupport]
+    plan: Callable[[ToolTaskPolicy, Message], Hosting | None]
+
+
+_ERA_RULES = {
+    Era.LEGACY: _EraRules(lambda policy: policy.task_support, _plan_legacy),
+    Era.MODERN: _EraRules(_modern_support, _plan_modern),
+}

@@ -44,6 +44,7 @@ from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogSealed, StoreUnavailable
 from gateway.events.summaries import call_audit, summarize_outcome
 from gateway.metrics import Metrics
+from gateway.principal import ANONYMOUS as ANONYMOUS  # the owner of every call without auth
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.lifecycle import Command, Event, Kind, LifecycleError, Phase, Transition, phase_of, step
@@ -77,10 +78,6 @@ RUNNER_LOST = "runner_lost"
 ORPHAN_CHECK_S = 5.0
 """How often the orphan check looks at this process's tasks; a task is failed when two checks in a
 row found it without a live runner (so one just created, its run about to start, is never taken)."""
-
-ANONYMOUS = "anonymous"
-"""The caller until authentication exists: every task carries an owner so auth only fills it in."""
-
 
 StatusListener = Callable[["Task"], Awaitable[None]]
 InputListener = Callable[["Task", "PendingRequest"], Awaitable[None]]

@@ -1,13 +1,15 @@
 """The task service: what a client request means for tasks, decided once, returned as a plan.
 
-Given a parsed call (era, caller, message, headers, session) the service decides whether the gateway
-hosts tasks (the upstream has none: legacy sessions learn it from `initialize`, 2026-07-28 requests from
-the upstream's cached `server/discover`; or, per tool, the upstream will not run this tool as a task:
-`gateway.tasks.policy.who_hosts`) or passes the upstream's tasks through (ids mapped by the channel
-tap, the tasks a tools/call creates learned), and returns a plan (`gateway.tasks.plans`): a gateway-hosted
-task method answered now, a forward with its relay hooks, a tasks/stream cursor (or, for an upstream that
-serves tasks/stream itself, the stream forwarded), or a legacy tasks/result wait. It touches no HTTP; the
-edge carries the plan out.
+Given a parsed call (era, caller, message, headers, session) and what the upstream declares, gathered
+first (`upstream_facts`, `gateway.tasks.facts`: legacy sessions learn it from `initialize`, 2026-07-28
+requests from the upstream's cached `server/discover`, a 2025-11-25 tool's marks from its tools/list),
+the service decides whether the gateway hosts tasks (the upstream has none; or, per tool, the upstream
+will not run this tool as a task: `gateway.tasks.policy.who_hosts`) or passes the upstream's tasks
+through (ids mapped by the channel tap, the tasks a tools/call creates learned), and returns a plan
+(`gateway.tasks.plans`): a gateway-hosted task method answered now, a forward with its relay hooks, a
+tasks/stream cursor (or, for an upstream that serves tasks/stream itself, the stream forwarded), or a
+legacy tasks/result wait. Planning asks the upstream nothing and touches no HTTP; the edge carries the
+plan out.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,24 +25,25 @@ from gateway.events.log import StoreUnavailable
 from gateway.events.stream import parse_stream_params, plan_stream
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, LOG_LEVEL_KEY, MODERN, unknown_task
+from gateway.protocol.dialect import LEGACY, MODERN, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, Overloaded, ProtocolError, Unavailable
 from gateway.sessions import ResponseRoute, Session
-from gateway.tasks.hosted import HostedTasks, task_elsewhere
-from gateway.tasks.input import UpstreamCall, input_required
+from gateway.tasks.facts import FactGatherer
+from gateway.tasks.handoff import TaskHandoff
+from gateway.tasks.hosted import Caller, HostedTasks, task_elsewhere
+from gateway.tasks.input import UpstreamCall
 from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.plans import (
     AwaitResult,
     Forward,
-    Handoff,
     Plan,
     RelayHooks,
     Reply,
     StreamEvents,
     TaskCall,
     Transform,
-    route_answer,
+    UpstreamFacts,
 )
 from gateway.tasks.policy import (
     Host,
@@ -51,13 +52,17 @@ from gateway.tasks.policy import (
     UpstreamSupport,
     listed_support,
     plan_tool_call,
-    policy_support,
     who_hosts,
     with_task_support,
 )
-from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task, TaskLimitReached
-from gateway.tasks.tool_marks import ASK_TIMEOUT_S, ToolMarks
-from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task
+from gateway.tasks.result_wait import TaskResultWait, route_answer
+from gateway.upstream.base import Upstream, UpstreamChannel
+from gateway.upstream.capabilities import Capabilities
+
+
+def _caller(call: TaskCall) -> Caller:
+    return Caller(call.owner, call.era)
 
 
 class TaskService:
@@ -86,17 +91,15 @@ class TaskService:
         self.task_streams: collections.Counter[str] = collections.Counter()
         """Open tasks/stream requests per task id on this gateway, each bounded by `max_streams_per_task`
         (per process: a task's streams on other replicas are not counted)."""
-        self._tool_marks: weakref.WeakKeyDictionary[Session, ToolMarks] = weakref.WeakKeyDictionary()
-        """Per legacy session whose upstream has Tasks: what its tools/list says of each tool's tasks."""
+        self._facts = FactGatherer(upstream, tasks, server.initialize_timeout_s)
 
     # -- a legacy session's own messages ------------------------------------------------------------
 
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:
         """The upstream's initialize result for `session`: learn whether it hosts Tasks, and answer
         with the gateway's task capability in it (initialize is a 2025-11-25 method)."""
-        session.upstream_has_tasks = LEGACY.declared_tasks(result) is not None
-        session.upstream_serves_streams = LEGACY.declares_event_streams(result)
-        if session.upstream_has_tasks:
+        session.learn_upstream(Capabilities.of(result, LEGACY))
+        if session.upstream_capabilities.tasks:
             session.channel.tap = self._passthrough.observe
         return self._hosted.advertise(result, LEGACY)
 
@@ -115,17 +118,23 @@ class TaskService:
                 jsonrpc.INVALID_REQUEST,
                 f"Invalid request: no server request with id {message['id']!r} is waiting for a response",
             )
-        if session.upstream_has_tasks:
+        if session.upstream_capabilities.tasks:
             await self._passthrough.answered(session.channel, message)
         await session.respond(message, headers)
 
     # -- one classification per request ------------------------------------------------------------
 
-    async def plan(self, call: TaskCall) -> Plan:
-        """What to do with `call`; raises ProtocolError for a request that gets an error (503
-        `store_unavailable` when it needs the task store and the store cannot be used now)."""
+    async def upstream_facts(self, call: TaskCall) -> UpstreamFacts:
+        """What the upstream declares that `call`'s plan depends on; the one step before `plan` that may
+        ask the upstream (its `server/discover`, a legacy session's tools/list)."""
+        return await self._facts.gather(call)
+
+    async def plan(self, call: TaskCall, facts: UpstreamFacts) -> Plan:
+        """What to do with `call`, given what the upstream declares (`upstream_facts`); raises
+        ProtocolError for a request that gets an error (503 `store_unavailable` when it needs the task
+        store and the store cannot be used now)."""
         try:
-            return await self._plan(call)
+            return await self._plan(call, facts)
         except StoreUnavailable as error:
             if self.store_failed is not None:
                 self.store_failed(error)
@@ -133,68 +142,36 @@ class TaskService:
                 STORE_UNAVAILABLE, "the task store cannot be used now", request_id=call.message.get("id")
             ) from None
 
-    async def _plan(self, call: TaskCall) -> Plan:
-        upstream_tasks = await self._upstream_has_tasks(call)
-        hosting = not upstream_tasks or await self._gateway_hosts(call)
-        if call.method == "tasks/stream" and (hosting or not await self._upstream_serves_streams(call)):
+    async def _plan(self, call: TaskCall, facts: UpstreamFacts) -> Plan:
+        hosting = not facts.has_tasks or self._gateway_hosts(call, facts)
+        if call.method == "tasks/stream" and (hosting or not facts.serves_streams):
             return await self._stream(call)
         if not hosting:
             return await self._with_upstream_tasks(call)
         if self._serves(call):
             return await self._task_method(call)
         if call.method == "tools/call":
-            # SEP-1686: the client asked for a task; SEP-2663: the gateway decides as the call runs.
+            # Era branch: who decides differs. SEP-1686: the client asked for a task (answered at once
+            # with CreateTaskResult); SEP-2663: the gateway decides as the call runs (a forward with a handoff).
             tool_call = self._legacy_tool_call if call.era is Era.LEGACY else self._modern_tool_call
             planned = await tool_call(call, await call.channel())
             if planned is not None:
                 return planned
-        return self._forward(call, await call.channel(), self._transform_for(call, upstream_tasks))
+        return self._forward(call, await call.channel(), self._transform_for(call, facts.has_tasks))
 
-    async def _upstream_has_tasks(self, call: TaskCall) -> bool:
-        """Whether the upstream has Tasks in the call's era (else the gateway hosts them all)."""
-        if call.session is not None:
-            return call.session.upstream_has_tasks
-        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).tasks
-
-    async def _gateway_hosts(self, call: TaskCall) -> bool:
+    def _gateway_hosts(self, call: TaskCall, facts: UpstreamFacts) -> bool:
         """Whether a call is the gateway's although the upstream has Tasks: a tools/call of a tool whose
         tasks the upstream will not run (the gateway hosts them, or refuses them), or a request naming a
         task the gateway hosts here."""
         if call.method == "tools/call":
-            return (await self._tool_hosting(call)).host is not Host.UPSTREAM
-        if call.method == "tasks/stream" or call.method in call.caller.dialect.task_requests:
-            task = self._hosted.registry.get(call.caller.owner, jsonrpc.params_of(call.message).get("taskId"))
+            policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
+            return who_hosts(facts.tool_support, policy, call.era).host is not Host.UPSTREAM
+        if call.method == "tasks/stream" or call.method in call.dialect.task_requests:
+            task = self._hosted.registry.get(call.owner, jsonrpc.params_of(call.message).get("taskId"))
             return task is not None and task.record.upstream is None
         return False
 
-    async def _tool_hosting(self, call: TaskCall) -> ToolHosting:
-        """Who hosts the tasks of the tool a tools/call names, its upstream having Tasks. A 2026-07-28
-        upstream decides per call (its tools carry no mark); a 2025-11-25 one marks each tool in its
-        tools/list, asked for when the call's plan depends on it and the tool was not listed yet."""
-        name = jsonrpc.params_of(call.message).get("name")
-        policy = self._hosted.policy(name)
-        session = call.session
-        may_be_task = call.caller.dialect.may_create_task(call.message)
-        if (
-            session is None
-            or not isinstance(name, str)
-            or not (may_be_task or policy_support(policy, call.era) == "required")
-        ):
-            # A plain call of a tool the gateway would not require as a task: the upstream answers it
-            # whoever would host the tool's tasks.
-            return who_hosts(UpstreamSupport.UNKNOWN, policy, call.era)
-        marks = self._tool_marks.setdefault(session, ToolMarks())
-        if marks.of(name) is None:
-            await marks.ask(session.channel, call.headers, ASK_TIMEOUT_S)
-        return who_hosts(marks.of(name) or UpstreamSupport.UNKNOWN, policy, call.era)
-
     # -- tasks the upstream hosts ----------------------------------------------------------------
-
-    async def _upstream_serves_streams(self, call: TaskCall) -> bool:
-        """Whether the upstream serves tasks/stream itself (its tasks capability has `eventStreams`)."""
-        if call.session is not None:
-            return call.session.upstream_serves_streams
-        return (await self._upstream.capabilities(self._server.initialize_timeout_s)).event_streams
 
     async def _with_upstream_tasks(self, call: TaskCall) -> Plan:
         """The upstream hosts Tasks: forward, on the task's own conversation for requests naming a
@@ -212,13 +189,13 @@ class TaskService:
         task: Task | None = None
         streaming = call.method == "tasks/stream"
         if streaming:
-            call.caller.dialect.check_tasks_declared(call.message)
+            call.dialect.check_tasks_declared(call.message)
             parse_stream_params(call.message)  # the same -32602 for a bad taskId or after as a hosted stream
-        if streaming or call.method in call.caller.dialect.task_requests:
+        if streaming or call.method in call.dialect.task_requests:
             named = jsonrpc.params_of(call.message).get("taskId")
-            if self._passthrough.registry.get(call.caller.owner, named) is None:
+            if self._passthrough.registry.get(call.owner, named) is None:
                 return await self._watched_elsewhere(call)
-            task, message, headers = self._passthrough.route(call.caller.owner, call.message, call.headers)
+            task, message, headers = self._passthrough.route(call.owner, call.message, call.headers)
             if streaming:
                 self._claim_stream(call, task.id)
             elif task.terminal:
@@ -226,18 +203,19 @@ class TaskService:
                 # the upstream conversation that held the task is gone.
                 return await self._task_method(call)
             call = dataclasses.replace(call, message=message, headers=headers)
-            # A 2025-11-25 task lives in the session that created it; a 2026-07-28 one on a pinned pool channel.
-            channel = task.upstream.channel if call.era is Era.LEGACY else await call.channel()
+            # A task of a session lives in the conversation of the session that created it; a call without a
+            # session leases the pooled channel pinned to the task's id.
+            channel = task.upstream.channel if call.session is not None else await call.channel()
             if call.session is not None and channel is not call.session.channel:
                 # A task of another session of this caller: answers to its requests go back to it.
                 answer_route = self._answering(channel)
         else:
             if call.method == "subscriptions/listen":
-                listen = self._passthrough.route_listen(call.caller.owner, call.message)
+                listen = self._passthrough.route_listen(call.owner, call.message)
                 call = dataclasses.replace(call, message=listen)
             channel = await call.channel()
         channel.tap = self._passthrough.observe
-        if call.method == "tools/call" and call.caller.dialect.may_create_task(call.message):
+        if call.method == "tools/call" and call.dialect.may_create_task(call.message):
             observed: list[Message] = []
             return self._forward(call, channel, self._learning(call, channel, observed), observed=observed)
         transform = self._transform_for(call, upstream_tasks=True)
@@ -269,7 +247,7 @@ class TaskService:
             # A legacy session's upstream channel must outlive the session while the task runs on it.
             hold = session.task_ended if session is not None else None
             task = await self._passthrough.adopt(
-                call.caller.owner, channel, call.era, call.message, final, observed, call.headers, hold
+                call.owner, channel, call.era, call.message, final, observed, call.headers, hold
             )
             if task is not None and session is not None:
                 session.task_started()  # before the task's watcher can run, which releases it
@@ -301,7 +279,7 @@ class TaskService:
         """tools/list with each tool's effective `execution.taskSupport` (`who_hosts`), in both eras; a
         2025-11-25 session whose upstream has Tasks learns the upstream's marks from it first."""
         session = call.session
-        marks = self._tool_marks.setdefault(session, ToolMarks()) if upstream_tasks and session is not None else None
+        marks = self._facts.marks(session) if upstream_tasks and session is not None else None
 
         def hosting_of(tool: Mapping[str, Any]) -> ToolHosting:
             upstream = listed_support(tool) if upstream_tasks else UpstreamSupport.NONE
@@ -327,8 +305,8 @@ class TaskService:
         answer_route: ResponseRoute | None = None,
         cancel_when_gone: bool = False,
     ) -> Forward:
-        # Only 2026-07-28 requests go to pooled channels, where an MRTR retry must find its process again.
-        if call.era is Era.MODERN:
+        # A call without a session went to a pooled channel, where an MRTR retry must find its process again.
+        if call.session is None:
             transform = self._pinning(channel, transform)
         hooks = RelayHooks(call.session, answer_route, transform, observed, cancel_when_gone=cancel_when_gone)
         return Forward(channel, call.message, call.headers, hooks)
@@ -356,17 +334,17 @@ class TaskService:
         if call.method == "tasks/stream":
             return await self._stream(call)
         if call.method in ("tasks/cancel", "tasks/update"):
-            record = await self._hosted.record_named(call.caller, call.message)
+            record = await self._hosted.record_named(_caller(call), call.message)
             if not record.terminal:
                 raise task_elsewhere(record, call.message["id"])
         return await self._task_method(call)
 
     def _serves(self, call: TaskCall) -> bool:
         """Task methods the gateway answers for an upstream without Tasks."""
-        return call.method in call.caller.dialect.task_methods | {"tasks/result", "tasks/list"}
+        return call.method in call.dialect.task_methods | {"tasks/result", "tasks/list"}
 
     async def _task_method(self, call: TaskCall) -> Plan:
-        dialect = call.caller.dialect
+        dialect = call.dialect
         if call.method not in dialect.task_methods:
             raise ProtocolError(
                 jsonrpc.METHOD_NOT_FOUND,
@@ -377,14 +355,15 @@ class TaskService:
         dialect.check_tasks_declared(call.message)
         if call.method == "tasks/result":
             request_id = call.message["id"]
-            record = await self._hosted.record_named(call.caller, call.message)
+            record = await self._hosted.record_named(_caller(call), call.message)
             if record.terminal:
                 return Reply(await self._hosted.result(record, request_id))
             assert call.session is not None
-            wait = AwaitResult(self._hosted, record, self._hosted.registry.find(record.id), call.session, request_id)
+            task = self._hosted.registry.find(record.id)
+            wait = TaskResultWait(self._hosted, record, task, call.session, request_id)
             call.resources.callback(wait.close)
-            return wait
-        return Reply(await self._hosted.method(call.caller, call.message))
+            return AwaitResult(wait)
+        return Reply(await self._hosted.method(_caller(call), call.message))
 
     # -- tools/call as a task --------------------------------------------------------------------
 
@@ -392,7 +371,7 @@ class TaskService:
         """A task-augmented tools/call: answered with CreateTaskResult. None: not a task, forward it."""
         if self._plan_tool_call(call) is None:
             return None
-        self._hosted.check_room(call.caller, call.message)
+        self._hosted.check_room(_caller(call), call.message)
         session = call.session
         assert session is not None
         # The session's upstream channel must outlive the session while the task runs on it.
@@ -404,7 +383,7 @@ class TaskService:
             status = {
                 "jsonrpc": "2.0",
                 "method": "notifications/tasks/status",
-                "params": call.caller.dialect.task(task),
+                "params": call.dialect.task(task),
             }
             await session.deliver_unsolicited(status)
 
@@ -418,74 +397,23 @@ class TaskService:
             await session.deliver_unsolicited(pending.request)
 
         answer = await self._hosted.start_legacy(
-            call.caller, channel, call.message, resources, notify_status, deliver_input, call.headers
+            _caller(call), channel, call.message, resources, notify_status, deliver_input, call.headers
         )
         return Reply(answer)
 
     async def _modern_tool_call(self, call: TaskCall, channel: UpstreamChannel) -> Plan | None:
         """tools/call from a 2026-07-28 client: maybe a task, per the tool policy (see gateway.tasks.policy).
         Until the plan's deadline the upstream's answer reaches the client as it is; an MRTR round
-        (`InputRequiredResult`) always does, so the task is made on the final round."""
+        (`InputRequiredResult`) always does, so the task is made on the final round (`TaskHandoff`)."""
         hosting = self._plan_tool_call(call)
         if hosting is None:
             return None
         if hosting.result_is_task:
-            self._hosted.check_room(call.caller, call.message)
-        meta = jsonrpc.meta_of(call.message)
-        client_progress, client_logs = "progressToken" in meta, LOG_LEVEL_KEY in meta
-        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.caller.dialect), call.headers)
-        observed: list[Message] = []
-
-        async def adopt(observed: list[Message]) -> Task:
-            """The call's task, with the notifications relayed so far as its first events."""
-            task = await self._hosted.create(call.caller, call.message)
-            capture = self._hosted.registry.capture
-            events = [event for message in observed if (event := capture.from_notification(message)) is not None]
-            if events:
-                await self._hosted.registry.record(task, *events)
-            return task
-
-        async def take_over(exchange: Exchange, observed: list[Message]) -> Message:
-            try:
-                task = await adopt(observed)
-            except StoreUnavailable:  # no task can hold the call: it ends here, and the client is told
-                await exchange.cancel()
-                what = "the task store cannot be used now"
-                return Unavailable(STORE_UNAVAILABLE, what, request_id=call.message["id"]).to_message()
-            self._hosted.run(task, call.caller, upstream, exchange, call.keep_resources())
-            return self._hosted.created(call.caller, task, call.message["id"])
-
-        def room_for_task() -> bool:
-            try:
-                self._hosted.registry.check_room(call.caller.owner)
-            except TaskLimitReached:
-                return False
-            return True
-
-        async def result_as_task(final: Message) -> Message:
-            # A result or a JSON-RPC error becomes a task (`completed`, or `failed` with the error inlined):
-            # SEP-2663 has only an InputRequiredResult come before a task. Room was checked when the call
-            # came in; tasks made since may have filled it: answer as is.
-            if input_required(final) or not room_for_task():
-                return final
-            try:
-                task = await adopt(observed)
-            except StoreUnavailable:  # no task can be made now: the client gets the answer as it is
-                return final
-            await self._hosted.finish(task, call.caller, final)
-            return self._hosted.created(call.caller, task, call.message["id"])
-
-        def client_asked(message: Message) -> bool:
-            method = message.get("method")
-            return (method != "notifications/progress" or client_progress) and (
-                method != "notifications/message" or client_logs
-            )
-
-        handoff = Handoff(time.monotonic() + hosting.wait_s, take_over, client_asked, room_for_task)
-        hooks = RelayHooks(
-            transform=result_as_task if hosting.result_is_task else None, observed=observed, handoff=handoff
-        )
-        return Forward(channel, upstream.message, call.headers, hooks)
+            self._hosted.check_room(_caller(call), call.message)
+        upstream = UpstreamCall(channel, self._hosted.upstream_call(call.message, call.dialect), call.headers)
+        handoff = TaskHandoff(self._hosted, call, upstream, hosting.wait_s)
+        transform = handoff.result_as_task if hosting.result_is_task else None
+        return Forward(channel, upstream.message, call.headers, RelayHooks(transform=transform, handoff=handoff))
 
     def _plan_tool_call(self, call: TaskCall) -> Hosting | None:
         policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
@@ -501,11 +429,11 @@ class TaskService:
                 "Method not found: task event streams are disabled on this gateway",
                 request_id=request_id,
             )
-        call.caller.dialect.check_tasks_declared(call.message)
+        call.dialect.check_tasks_declared(call.message)
         try:
             task_id, after = parse_stream_params(call.message)
             # From the stores alone: a task another process runs (or ran) streams like a local one.
-            record = await self._hosted.reads.record(call.caller.owner, task_id)
+            record = await self._hosted.reads.record(call.owner, task_id)
             if record is None:
                 raise unknown_task(request_id)
             start = plan_stream(record.id, after, await self._hosted.reads.bounds(record))
@@ -513,12 +441,21 @@ class TaskService:
             error.request_id = request_id
             raise
         if start.first_seq is None:
-            return Reply(call.caller.dialect.stream_end(request_id))
+            return Reply(call.dialect.stream_end(request_id))
         self._claim_stream(call, record.id)
         session = call.session
         stop = call.resources.enter_context(session.local_request(request_id)) if session else asyncio.Event()
+        tasks = self._tasks
         return StreamEvents(
-            self._hosted.reads.log, record.id, start.first_seq, stop, call.message, call.era, self._server, self._tasks
+            self._hosted.reads.log,
+            record.id,
+            start.first_seq,
+            stop,
+            call.message,
+            call.era,
+            keepalive_s=self._server.keepalive_s,
+            replay_batch=tasks.replay_batch,
+            flush_interval_s=tasks.stream_flush_interval_ms / 1000,
         )
 
     def _claim_stream(self, call: TaskCall, task_id: str) -> None:

@@ -3,18 +3,19 @@
 The gateway asks with its own `server/discover` the first time a request needs to know, once however
 many requests arrive before the answer, and re-learns from every `server/discover` a client forwards.
 An upstream that cannot be asked (no process starts, no HTTP answer) is asked again by the next request.
+A legacy session learns the same `Capabilities` from its upstream's `initialize` result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.protocol.dialect import MODERN
+from gateway.protocol.dialect import MODERN, Dialect
 
 if TYPE_CHECKING:
     from gateway.upstream.base import UpstreamChannel
@@ -29,15 +30,16 @@ class Capabilities:
     """The upstream's capabilities as far as the gateway cares."""
 
     tasks: bool
-    """Declares the 2026-07-28 tasks extension (SEP-2663): it hosts tasks, the gateway passes them through."""
+    """Declares Tasks (the 2026-07-28 tasks extension, SEP-2663; the 2025-11-25 `tasks` capability,
+    SEP-1686): it hosts tasks, the gateway passes them through."""
     event_streams: bool = False
-    """Its tasks extension has `eventStreams`: it serves `tasks/stream` itself (SEP-2694 native), and the
+    """Its tasks capability has `eventStreams`: it serves `tasks/stream` itself (SEP-2694 native), and the
     gateway forwards the streams of its tasks."""
 
     @classmethod
-    def of(cls, discover_result: dict[str, Any]) -> Capabilities:
-        """What a `server/discover` result declares."""
-        return cls(MODERN.declared_tasks(discover_result) is not None, MODERN.declares_event_streams(discover_result))
+    def of(cls, result: Mapping[str, Any], dialect: Dialect = MODERN) -> Capabilities:
+        """What a `server/discover` result declares (or, in the LEGACY dialect, an `initialize` result)."""
+        return cls(dialect.declared_tasks(result) is not None, dialect.declares_event_streams(result))
 
 
 NOT_KNOWN = Capabilities(tasks=False)
