@@ -57,6 +57,7 @@ from gateway.tasks.policy import (
 )
 from gateway.tasks.registry import STORE_UNAVAILABLE, PendingRequest, Task
 from gateway.tasks.result_wait import TaskResultWait, route_answer
+from gateway.tasks.watcher import watched
 from gateway.upstream.base import Upstream, UpstreamChannel
 from gateway.upstream.capabilities import Capabilities
 
@@ -205,7 +206,7 @@ class TaskService:
             call = dataclasses.replace(call, message=message, headers=headers)
             # A task of a session lives in the conversation of the session that created it; a call without a
             # session leases the pooled channel pinned to the task's id.
-            channel = task.upstream.channel if call.session is not None else await call.channel()
+            channel = watched(task).channel if call.session is not None else await call.channel()
             if call.session is not None and channel is not call.session.channel:
                 # A task of another session of this caller: answers to its requests go back to it.
                 answer_route = self._answering(channel)
