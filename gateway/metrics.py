@@ -151,6 +151,14 @@ METRICS: tuple[MetricSpec, ...] = (
         ("reason",),
     ),
     MetricSpec(
+        "lifecycle_refusals",
+        Counter,
+        "mcp_gateway_lifecycle_refusals",
+        "Events the task lifecycle table refused in a task's phase (a driver's mistake: the record is left as "
+        "it was), by event",
+        ("event",),
+    ),
+    MetricSpec(
         "store_resets",
         Counter,
         "mcp_gateway_store_resets",
@@ -257,6 +265,7 @@ class Metrics:
     store_outages: Counter
     held_write_bytes: Gauge
     tasks_failed: Counter
+    lifecycle_refusals: Counter
     store_resets: Counter
     request_timeouts: Counter
     upstream_oversized_lines: Counter

@@ -108,13 +108,15 @@ class TaskLives(RuleBasedStateMachine):
             assert "task.terminal" not in names and EPILOGUE not in names
 
 
-async def test_a_refused_event_is_logged_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_refused_event_is_logged_counted_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     tasks = registry()
+    refusals = tasks._metrics.lifecycle_refusals.labels(event=Event.UPSTREAM_ENDED.value)
     task = await tasks.create("alice", "build", None, dialect=DIALECT)
     before = task.record
     # A pass-through event for a hosted task: a driver's mistake.
     assert await tasks.feed(task, Event.UPSTREAM_ENDED, TaskStatus.COMPLETED, outcome={"result": {}}) is None
     assert "lifecycle: event refused" in caplog.text
+    assert refusals._value.get() == 1
     assert task.record is before and task.phase is Phase.WORKING and not task.done.is_set()
     stored = await tasks.store.find(task.id)
     assert stored is not None and stored.status is TaskStatus.WORKING

@@ -468,13 +468,13 @@ class TaskRegistry:
             await hook()
         return transition if written else None
 
-    @staticmethod
-    def _decide(task: Task, event: Event, told: TaskStatus | None = None) -> Transition | None:
-        """The table's transition; None (logged, nothing changes) when it does not allow the event."""
+    def _decide(self, task: Task, event: Event, told: TaskStatus | None = None) -> Transition | None:
+        """The table's transition; None (logged and counted, nothing changes) when it does not allow the event."""
         try:
             return step(task.phase, event, task.kind, told)
         except LifecycleError as error:
             log.warning("lifecycle: event refused", extra={"task": task.id, "error": str(error)})
+            self._metrics.lifecycle_refusals.labels(event=event.value).inc()
             return None
 
     async def _write_status(
