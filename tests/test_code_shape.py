@@ -1,8 +1,8 @@
 """The shape rules of docs/architecture.md that a reviewer would otherwise check by eye: no function in
-`gateway/` over 60 lines (but the listed table-like ones), at most 8 era branches outside
-`gateway/protocol/` (each with a comment saying why; a branch asks which era it is, where asking one of
-the era's named rules defined in `gateway/protocol/` does not), and a `Session`'s fields written only by
-`gateway/sessions.py`. Plain AST walks over the source; no gateway code runs."""
+`gateway/` over 60 lines (but the listed table-like ones); `build_app` and its builders at most 50; at
+most 8 era branches outside `gateway/protocol/`, each with a comment saying why (a branch asks which era
+it is; asking one of the era's named rules defined in `gateway/protocol/` does not); a `Session`'s
+fields written only by `gateway/sessions.py`. Plain AST walks over the source; no gateway code runs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 MAX_FUNCTION_LINES = 60
 LONG_FUNCTIONS: dict[str, str] = {}
 """`module:function` → why it may be longer (a generated or table-like body)."""
+
+MAX_BUILDER_LINES = 50
+"""`build_app` and every per-feature builder of `gateway/assembly/`."""
 
 MAX_ERA_BRANCHES = 8
 ERA_VERSIONS = {"2025-11-25", "2026-07-28"}
@@ -43,6 +46,18 @@ def test_no_function_is_over_60_lines() -> None:
                 if size > MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS:
                     long.append(f"{key} ({size} lines)")
     assert not long, f"split these functions (at most {MAX_FUNCTION_LINES} lines): {long}"
+
+
+def test_the_composition_root_is_small_builders() -> None:
+    builders = {}
+    for name, tree, _ in modules():
+        if name.startswith("gateway/assembly/") or name == "gateway/app.py":
+            for node in tree.body:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("build"):
+                    builders[f"{name}:{node.name}"] = (node.end_lineno or node.lineno) - node.lineno + 1
+    assert "gateway/app.py:build_app" in builders and len(builders) >= 8
+    long = {key: size for key, size in builders.items() if size > MAX_BUILDER_LINES}
+    assert not long, f"builders over {MAX_BUILDER_LINES} lines: {long}"
 
 
 def _names_one_era(node: ast.expr) -> bool:
