@@ -26,9 +26,8 @@ import orjson
 
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
-from gateway.events.stream import EVENTS_GONE
 from gateway.protocol import jsonrpc, sse
-from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.jsonrpc import EVENTS_GONE, Message, ProtocolError
 
 log = logging.getLogger("gateway.replay")
 

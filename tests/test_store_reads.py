@@ -23,12 +23,11 @@ import pytest
 from gateway.edge.endpoint import error_response
 from gateway.edge.responder import Responder
 from gateway.edge.task_routes import await_result, stream_events
-from gateway.events.stream import EVENTS_GONE
 from gateway.principal import ANONYMOUS
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
-from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.jsonrpc import EVENTS_GONE, Message, ProtocolError
 from gateway.tasks.plans import AwaitResult, Reply, StreamEvents
 from gateway.tasks.records import TaskStatus
 from gateway.tasks.registry import Task

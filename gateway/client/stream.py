@@ -31,7 +31,7 @@ from gateway.protocol.dialect import TASK_EVENT, dialect_of
 from gateway.protocol.envelope import NAME_PARAM
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, TASKS_EXTENSION, Era
 from gateway.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED
-from gateway.protocol.names import RECORDED_AT_KEY
+from gateway.protocol.names import RECORDED_AT_KEY, SESSION_HEADER
 from gateway.protocol.sse import SseError, SseParser
 
 Message = dict[str, Any]
@@ -44,8 +44,6 @@ OnInput = Callable[[str, Message], Awaitable[Message]]
 2025-11-25 server request (`elicitation/create`...), an input request of a 2026-07-28 round (MRTR) or
 of a task in `input_required`. Raise JsonRpcError to answer a server request with that error."""
 
-SESSION_HEADER = "Mcp-Session-Id"
-EVENTS_GONE_CODE = -32010
 MAX_INPUT_ROUNDS = 32
 """Bound on the 2026-07-28 input rounds of one call (the gateway's own bound for a task's)."""
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})

@@ -19,12 +19,12 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from gateway.client.stream import EVENTS_GONE_CODE, GatewayError
+from gateway.client.stream import GatewayError
 from gateway.conformance.probe import Exchange, Probe, clip, unknown_task_id
 from gateway.conformance.registry import Result, Status, checks_for
 from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, Era
-from gateway.protocol.jsonrpc import HEADER_MISMATCH, INVALID_PARAMS, METHOD_NOT_FOUND
+from gateway.protocol.jsonrpc import EVENTS_GONE, HEADER_MISMATCH, INVALID_PARAMS, METHOD_NOT_FOUND
 from gateway.protocol.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY as MISSING_CAPABILITY
 from gateway.protocol.names import RELATED_TASK_KEY as RELATED_TASK
 
@@ -471,12 +471,12 @@ class Scenario:
         message = error.get("message")
         self.v.judge(
             "events_gone.error_shape",
-            error.get("code") == EVENTS_GONE_CODE
+            error.get("code") == EVENTS_GONE
             and isinstance(message, str)
             and bool(message)
             and data.get("reason") == "events_gone"
             and data.get("taskId") == task_id,
-            f"events_gone must be code {EVENTS_GONE_CODE}, a message, data.reason 'events_gone' and data.taskId",
+            f"events_gone must be code {EVENTS_GONE}, a message, data.reason 'events_gone' and data.taskId",
             gone.evidence(),
         )
         reported = data.get("earliestSeq")

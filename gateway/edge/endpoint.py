@@ -36,6 +36,7 @@ from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import Era
 from gateway.protocol.fields import check_fields
 from gateway.protocol.jsonrpc import Kind, Message, Overloaded, ProtocolError, Unavailable
+from gateway.protocol.names import SESSION_HEADER
 from gateway.replay import LAST_EVENT_ID, ReplayStream, StreamGap
 from gateway.sessions import Session, SessionRegistry
 from gateway.tasks.plans import AwaitResult, Forward, Plan, RelayHooks, Reply, StreamEvents, TaskCall
@@ -44,7 +45,6 @@ from gateway.upstream.base import Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.edge")
 
-SESSION_HEADER = "Mcp-Session-Id"
 
 _FORWARDED_HEADERS = frozenset({"mcp-protocol-version", "mcp-method", "mcp-name"})
 

@@ -24,10 +24,9 @@ import orjson
 from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc, sse
-from gateway.protocol.jsonrpc import Message, ProtocolError
+from gateway.protocol.jsonrpc import EVENTS_GONE, Message, ProtocolError
 from gateway.protocol.names import RECORDED_AT_KEY, RELATED_TASK_KEY
 
-EVENTS_GONE = -32010
 MAX_SEQ = 2**63 - 1
 """The largest sequence number (stores keep seqs as signed 64-bit integers)."""
 EVENTS_GONE_MESSAGE = "Task events are no longer available"

@@ -23,6 +23,8 @@ REQUEST_CANCELLED = -32800
 HEADER_MISMATCH = -32020
 MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
 UNSUPPORTED_PROTOCOL_VERSION = -32022
+EVENTS_GONE = -32010
+"""SEP-2694: the events a `tasks/stream` asks for are no longer retained (or never will be)."""
 
 
 class Kind(enum.Enum):

@@ -24,6 +24,7 @@ from gateway.config import HttpUpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
+from gateway.protocol.names import SESSION_HEADER
 from gateway.protocol.sse import SseError, SseParser
 from gateway.upstream.base import (
     DeadlineRule,
@@ -53,7 +54,6 @@ LISTEN_HEALTHY_S = 10.0
 ACCEPT_BOTH = "application/json, text/event-stream"
 SSE = "text/event-stream"
 JSON = "application/json"
-SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 # Headers the channel sets itself; a client value for them is never forwarded.
 _RESERVED_HEADERS = frozenset(
