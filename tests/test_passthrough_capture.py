@@ -49,11 +49,19 @@ class Unreachable(OneConversation):
         return exchange
 
 
+class ThreadedStore(MemoryTaskStore):
+    """Yields to the loop on each status write, as the SQLite store does while its thread writes."""
+
+    async def update_status(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0)
+        return await super().update_status(*args, **kwargs)
+
+
 @pytest.fixture
 async def setup() -> tuple[Passthrough, Unreachable]:
     config = Config.model_validate({"tasks": {"upstream_poll_min_ms": 3_600_000, "upstream_poll_max_ms": 3_600_000}})
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
-    store = MemoryTaskStore(outcome_cap(config.retention))
+    store = ThreadedStore(outcome_cap(config.retention))
     registry = TaskRegistry(config.tasks, config.retention, store, MemoryEventLog(1000), capture, Metrics())
     channel = Unreachable()
     passthrough = Passthrough(registry, channel, config.tasks, Metrics())
@@ -138,6 +146,29 @@ async def test_status_changes_are_recorded_once_and_stale_views_never(setup: tup
         ("task.status", "working", "step 1"),
         ("task.status", "completed", "step 1"),
         ("task.terminal", "completed", None),
+    ]
+    await passthrough.stop()
+
+
+async def test_the_same_view_arriving_at_once_on_two_paths_is_recorded_once(
+    setup: tuple[Passthrough, Unreachable],
+) -> None:
+    """A push and the answer to a forwarded `tasks/get` carry the same new view while the first is still
+    being written: one status event, not two (CI once saw a stage recorded twice)."""
+    passthrough, channel = setup
+    task = await adopt_legacy(passthrough, channel, "u3")
+    view = legacy_task("u3", message="step 1", updated="T2")
+    answer = {"jsonrpc": "2.0", "id": 7, "result": view}
+    await asyncio.gather(
+        passthrough.observe(channel, None, push(view)),
+        passthrough.observe(channel, "tasks/get", answer),
+        passthrough.observe(channel, None, push(view)),
+    )
+    recorded = await events(passthrough, task)
+    assert [(kind, payload.get("statusMessage")) for kind, payload in recorded] == [
+        ("task.created", None),
+        ("task.status", "started"),
+        ("task.status", "step 1"),
     ]
     await passthrough.stop()
 

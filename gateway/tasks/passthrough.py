@@ -156,12 +156,13 @@ class Passthrough:
             ref.poll_interval_ms = interval
         text = view.get("statusMessage")
         seen = (status, text if isinstance(text, str) else None)
-        if seen != ref.seen:
-            outcome = ref.dialect.inlined_outcome(view)
-            event = status_event(status, outcome, ref.dialect)
-            # While the outcome is fetched the table ignores later views: `seen` keeps the end told.
-            if await self._watcher.feed(task, event, status, seen[1], outcome=outcome) is not None:
-                ref.seen = seen
+        async with ref.observing:
+            if seen != ref.seen:
+                outcome = ref.dialect.inlined_outcome(view)
+                event = status_event(status, outcome, ref.dialect)
+                # While the outcome is fetched the table ignores later views: `seen` keeps the end told.
+                if await self._watcher.feed(task, event, status, seen[1], outcome=outcome) is not None:
+                    ref.seen = seen
         requests = view.get("inputRequests")
         if status is TaskStatus.INPUT_REQUIRED and isinstance(requests, dict):
             for key, request in requests.items():

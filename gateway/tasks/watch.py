@@ -34,6 +34,9 @@ class UpstreamTask:
     seen: tuple[TaskStatus, str | None] | None = None
     """The upstream's last view recorded (status, statusMessage); while the outcome is fetched, the
     end it told, which the record turns to once the outcome is in."""
+    observing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a view is compared with `seen` and fed: a push, a poll and a forwarded `tasks/get`
+    answer can carry the same view at once, and each must not record it as a change."""
     last_updated_at: str = ""
     input_keys: set[str] = field(default_factory=set)
     failures: int = 0
