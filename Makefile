@@ -97,9 +97,10 @@ timed = @$(info $(1))start=$$(date +%s); $(1); status=$$?; \
 test: $(TEST_STAMP) node_modules redis-server
 	$(call timed,$(BIN)/python -m pytest -q $(ARGS))
 
-# The fast lane: the tests that start no process (see tests/conftest.py, --in-process); under 90 s.
+# The fast lane: the tests that start no process (see tests/conftest.py, --in-process), on two
+# pytest-xdist workers (they are CPU-bound: one per core); about a minute.
 test-fast: $(TEST_STAMP)
-	$(call timed,$(BIN)/python -m pytest -q --in-process $(ARGS))
+	$(call timed,$(BIN)/python -m pytest -q --in-process -n 2 $(ARGS))
 
 # The conformance kit against the gateway in front of the example server (both eras), as CI runs it:
 # reports/conformance.junit.xml, and a failure when a check fails (see docs/conformance.md).

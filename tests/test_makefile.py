@@ -224,7 +224,7 @@ def test_make_test_fast_runs_the_in_process_lane_prints_its_duration_and_keeps_t
     )  # fmt: skip
     assert done.returncode != 0, done.stdout
     lines = done.stdout.splitlines()
-    assert "ran: -m pytest -q --in-process -k a, b" in lines, done.stdout
+    assert "ran: -m pytest -q --in-process -n 2 -k a, b" in lines, done.stdout
     assert lines[-1].startswith("make test-fast: ") and lines[-1].endswith(" s"), done.stdout
     planned = dry_run(tmp_path, python, "test").stdout
     assert "-m pytest -q \n" in planned and 'echo "make test: ' in planned, planned  # the whole suite, timed
