@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 ARGS ?=
 
-.PHONY: venv run test conformance lint bench demo clean redis-server
+.PHONY: venv run test test-fast conformance lint bench demo clean redis-server
 
 # The Tasks-capable upstream for tests/test_upstream_with_tasks.py (pinned; node_modules is git-ignored).
 SERVER_EVERYTHING := @modelcontextprotocol/server-everything@2026.8.31
@@ -89,8 +89,18 @@ redis-server:
 	  if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 
+# `$(call timed,COMMAND)`: COMMAND, then the goal's wall time in one line, keeping COMMAND's exit status
+# (plain /bin/sh: `date +%s` and shell arithmetic).
+timed = @$(info $(1))start=$$(date +%s); $(1); status=$$?; \
+	echo "make $@: $$(($$(date +%s) - start)) s"; exit $$status
+
 test: $(TEST_STAMP) node_modules redis-server
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(call timed,$(BIN)/python -m pytest -q $(ARGS))
+
+# The fast lane: the tests that start no process (see tests/conftest.py, --in-process), on two
+# pytest-xdist workers (they are CPU-bound: one per core); about a minute.
+test-fast: $(TEST_STAMP)
+	$(call timed,$(BIN)/python -m pytest -q --in-process -n 2 $(ARGS))
 
 # The conformance kit against the gateway in front of the example server (both eras), as CI runs it:
 # reports/conformance.junit.xml, and a failure when a check fails (see docs/conformance.md).

@@ -377,6 +377,41 @@ def fresh_sqlite_file() -> Path:
     return Path(tempfile.mkdtemp(dir=_sqlite_directories[-1])) / "gateway.db"
 
 
+# ------------------------------------------------------------------------------------------ the fast lane
+
+IN_PROCESS_OPTION = "--in-process"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        IN_PROCESS_OPTION,
+        action="store_true",
+        help="the fast lane (make test-fast): a test is skipped the moment it starts a process (a gateway, a "
+        "server, redis-server, the CLI); what runs is every test that needs none",
+    )
+
+
+def _refuse_processes(*args: object, **kwargs: object) -> None:
+    pytest.skip("starts a process: `make test` runs it, `make test-fast` does not")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """With --in-process, every way a test starts a process (subprocess.Popen, and asyncio's subprocesses,
+    which are Popen underneath) skips the test instead, when it tries: the fast lane sorts itself, so no
+    list or marker can fall behind the tests. Only around each test (its fixtures' set-up and tear-down
+    included): pytest and pytest-xdist start processes of their own. `Popen.__init__` closes the pipes it
+    made and re-raises."""
+    if not item.config.getoption(IN_PROCESS_OPTION):
+        return (yield)
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = _refuse_processes  # type: ignore[attr-defined]
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the session's own redis-server, if a store test started one (tests/redis_server.py)."""
     from tests.redis_server import stop_shared_redis

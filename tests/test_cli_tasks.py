@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gateway import __version__
-from gateway.client import recorded_at
+from gateway.client import GatewayClient, recorded_at
 from gateway.client.headers import TOKEN_ENV, BadHeader, request_headers
 from gateway.client.tail import Timeline
 from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, free_port, start_gateway
@@ -66,6 +66,15 @@ def one_line(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
     return lines[0]
+
+
+async def until_status(url: str, task_id: str, status: str) -> None:
+    """Until the task's event stream shows it entering `status` (one it stays in until the test moves it on)."""
+    async with asyncio.timeout(60), GatewayClient(url) as client, client.stream(task_id) as events:
+        async for event in events:
+            if event["type"].endswith(".task.status") and event["payload"]["status"] == status:
+                return
+    pytest.fail(f"task {task_id} ended without entering {status}")
 
 
 def json_lines(out: str) -> list[dict[str, Any]]:
@@ -186,10 +195,10 @@ async def test_call_task_follow_result_list(gw: RunningGateway) -> None:
 
 async def test_cancel_and_failure_exit_codes(gw: RunningGateway) -> None:
     url = gw.url
-    code, out, err = await cli("call", url, "slow_build", "--args", '{"steps": 100, "delay": 0.1}', "--task")
+    # Far longer than the test: the task is still running when the cancel comes, however slow the machine.
+    code, out, err = await cli("call", url, "slow_build", "--args", '{"steps": 100000, "delay": 0.1}', "--task")
     assert code == 0, err
     long = out.strip()
-    await asyncio.sleep(0.5)
     code, out, err = await cli("tasks", url, "cancel", long)
     assert code == 0, err
     assert out.split()[:2] == [long, "cancelled"], out
@@ -312,10 +321,13 @@ async def test_passthrough_story(everything: RunningGateway) -> None:
 
 async def test_passthrough_cancel(everything: RunningGateway) -> None:
     url = everything.url
-    code, out, err = await cli("call", url, RESEARCH, "--args", '{"topic": "cancel me"}', "--task")
+    # An ambiguous query stops at its third stage to ask the client (input_required) and waits there for
+    # an answer nobody gives: the cancel finds it running, however slow the machine.
+    arguments = '{"topic": "cancel me", "ambiguous": true}'
+    code, out, err = await cli("call", url, RESEARCH, "--args", arguments, "--task")
     assert code == 0, err
     task_id = out.strip()
-    await asyncio.sleep(1.2)  # into the second of four 1 s stages
+    await until_status(url, task_id, "input_required")
     code, out, err = await cli("tasks", url, "cancel", task_id)
     assert code == 0, err
     assert out.split()[:2] == [task_id, "cancelled"], out

@@ -158,8 +158,16 @@ async def test_process_ceiling_answers_503_in_both_eras_and_resumes(http: aiohtt
             assert_overloaded(await echo(modern), "upstream.stdio.max_processes")
             assert await metric(gw, http, 'mcp_gateway_rejected_total{limit="upstream.stdio.max_processes"}') == 2
             streams.pop(0).close()
-            assert await sessions[0].delete() == 200
-            assert "result" in (await echo(modern)).final
+            assert await sessions[0].delete() == 200  # its process is stopped and its slot free by now
+
+            # The 2026-07-28 call first asks the upstream's capabilities (the rejected call could not):
+            # that probe's process is stopped off the request's path, and the call itself waits only
+            # acquire_timeout_s for the slot, so it may be refused once more while the probe's process
+            # exits. Service resumes: the call is answered once that process is gone.
+            async def served() -> bool:
+                return "result" in (await echo(modern)).final
+
+            await eventually(served, 10.0, "a 2026-07-28 call is served again")
         finally:
             for stream in streams:
                 stream.close()
@@ -216,6 +224,27 @@ async def test_bare_initialize_flood_does_not_starve_modern_requests(http: aioht
         assert (await bare_initialize(Client(http, gw.url))).status == 200
 
 
+async def whoami(client: Client) -> object:
+    """The upstream process that serves `client`'s session (the example server's pid)."""
+    return (await client.request("tools/call", {"name": "whoami", "arguments": {}})).final["result"]
+
+
+async def until_witness_parked(gw: RunningGateway, http: aiohttp.ClientSession, witness: Client) -> None:
+    """A fresh session that made one request and then idles is parked: the sweep that parks it finds
+    every session idle since before that request idle long enough too (one `now` for all), so a session
+    that still holds its process afterwards was kept on purpose, not by luck of the timing."""
+    await witness.initialize()
+    await witness.request("tools/call", {"name": "echo", "arguments": {"text": "witness"}})
+    parked_before = await metric(gw, http, "mcp_gateway_sessions_parked_total")
+    await eventually(
+        lambda: _parked_more_than(gw, http, parked_before), 10.0, "the idle witness session gives its process back"
+    )
+
+
+async def _parked_more_than(gw: RunningGateway, http: aiohttp.ClientSession, count: float) -> bool:
+    return await metric(gw, http, "mcp_gateway_sessions_parked_total") > count
+
+
 @ASYNC
 async def test_idle_session_gives_its_process_back_and_replays_the_handshake(http: aiohttp.ClientSession) -> None:
     server = "session_process_idle_s = 0.5"
@@ -224,29 +253,33 @@ async def test_idle_session_gives_its_process_back_and_replays_the_handshake(htt
         asyncio.timeout(TEST_TIMEOUT),
         start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config(server, stdio)) as gw,
     ):
-        client = Client(http, gw.url)
-        await client.initialize()
-        first_pid = (await client.request("tools/call", {"name": "whoami", "arguments": {}})).final
-        assert children(gw.proc.pid) != []
+        # A session with an open GET stream keeps its process however idle it is; so does a session a
+        # hosted task runs on, until the task ends.
+        streaming, tasked = Client(http, gw.url), Client(http, gw.url)
+        await streaming.initialize()
+        streaming_pid = await whoami(streaming)
+        headers = {"Accept": "text/event-stream", "Mcp-Session-Id": str(streaming.session_id)}
+        get = await http.get(gw.url, headers=headers)
+        await tasked.initialize()
+        tasked_pid = await whoami(tasked)
+        created = await legacy_task(tasked, "slow_build", {"steps": 100_000, "delay": 0.1}, 60_000)
+        task_id = created.final["result"]["task"]["taskId"]
 
-        # A session with an open GET stream keeps its process however idle it is.
-        get = await http.get(gw.url, headers={"Accept": "text/event-stream", "Mcp-Session-Id": str(client.session_id)})
-        await asyncio.sleep(1.5)
-        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
+        await until_witness_parked(gw, http, Client(http, gw.url))
+        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 1
+        # A session parked meanwhile would answer from a fresh process (its handshake replayed).
+        assert await whoami(streaming) == streaming_pid
+        assert await whoami(tasked) == tasked_pid
+
         get.close()
-        # So does a session a hosted task runs on, until the task ends.
-        created = await legacy_task(client, "slow_build", {"steps": 15, "delay": 0.1}, 60_000)
-        await asyncio.sleep(1.2)
-        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
-        await client.request("tasks/result", {"taskId": created.final["result"]["task"]["taskId"]})
+        await tasked.request("tasks/cancel", {"taskId": task_id})
 
-        async def parked() -> bool:
-            return await metric(gw, http, "mcp_gateway_sessions_parked_total") == 1 and not children(gw.proc.pid)
+        async def both_parked() -> bool:
+            return await metric(gw, http, "mcp_gateway_sessions_parked_total") == 3 and not children(gw.proc.pid)
 
-        await eventually(parked, 10.0, "the idle session's process is stopped")
-        second_pid = (await client.request("tools/call", {"name": "whoami", "arguments": {}})).final
-        assert "result" in second_pid, second_pid
-        assert second_pid["result"] != first_pid["result"]  # a fresh process, after a replayed initialize
+        await eventually(both_parked, 10.0, "the sessions' processes are stopped once nothing holds them")
+        second_pid = await whoami(tasked)
+        assert second_pid != tasked_pid  # a fresh process, after a replayed initialize
         assert len(children(gw.proc.pid)) == 1
 
 
@@ -261,12 +294,14 @@ async def test_a_session_whose_upstream_task_runs_keeps_its_process(http: aiohtt
     ):
         client = Client(http, gw.url)
         await client.initialize()
-        created = await legacy_task(client, "slow_job", {"steps": 8, "delay": 0.2}, 60_000)
+        created = await legacy_task(client, "slow_job", {"steps": 100_000, "delay": 0.2}, 60_000)
         task_id = created.final["result"]["task"]["taskId"]
-        await asyncio.sleep(1.0)  # idle well past session_process_idle_s while the task runs upstream
-        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 0
-        result = (await client.request("tasks/result", {"taskId": task_id})).final
-        assert result["result"]["content"][0]["text"] == "done after 8 steps", result
+
+        await until_witness_parked(gw, http, Client(http, gw.url))
+        assert await metric(gw, http, "mcp_gateway_sessions_parked_total") == 1
+        # Only the process that runs the task knows it: a fresh one would answer "unknown task".
+        cancelled = (await client.request("tasks/cancel", {"taskId": task_id})).final
+        assert cancelled["result"]["status"] == "cancelled", cancelled
 
 
 # -- tasks and streams ----------------------------------------------------------------------------------

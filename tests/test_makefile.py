@@ -201,3 +201,47 @@ def test_run_installs_the_runtime_only_and_test_the_extras(tmp_path: Path) -> No
     assert "exec .venv/bin/mcp-task-gateway serve" in run, run
     for goal in ("test", "lint"):
         assert "pip install --quiet -e '.[test]'" in planned[goal].stdout, planned[goal].stdout
+
+
+# -- the test lanes --------------------------------------------------------------------------------------
+
+
+def test_make_test_fast_runs_the_in_process_lane_prints_its_duration_and_keeps_the_exit_status(tmp_path: Path) -> None:
+    python = stand_in(tmp_path / "python3.11", "3.11.7 /opt/python3.11 True")
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    # The venv's python: the Makefile's identity check, pip (a no-op), and a pytest run that fails with 3.
+    venv_python.write_text(
+        '#!/bin/sh\ncase "$*" in *pytest*) echo "ran: $*"; exit 3;; esac\necho \'3.11.7 /opt/python3.11 True\'\n',
+        encoding="utf-8",
+    )
+    venv_python.chmod(0o755)
+    dry_run(tmp_path, python, "test-fast")  # writes the Makefile into tmp_path
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "test-fast", f"PYTHON={python}", "ARGS=-k 'a, b'"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    lines = done.stdout.splitlines()
+    assert "ran: -m pytest -q --in-process -n 2 -k a, b" in lines, done.stdout
+    assert lines[-1].startswith("make test-fast: ") and lines[-1].endswith(" s"), done.stdout
+    planned = dry_run(tmp_path, python, "test").stdout
+    assert "-m pytest -q \n" in planned and 'echo "make test: ' in planned, planned  # the whole suite, timed
+
+
+def test_the_in_process_lane_skips_a_test_when_it_starts_a_process(tmp_path: Path) -> None:
+    (tmp_path / "test_lane.py").write_text(
+        "import asyncio\nimport subprocess\n\n\n"
+        "def test_in_process():\n    pass\n\n\n"
+        "def test_popen():\n    subprocess.run(['true'])\n\n\n"
+        "def test_asyncio_subprocess():\n    asyncio.run(asyncio.create_subprocess_exec('true'))\n",
+        encoding="utf-8",
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-rs"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fast = subprocess.run([*command, "--in-process", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert fast.returncode == 0 and "1 passed, 2 skipped" in fast.stdout, fast.stdout + fast.stderr
+    assert "SKIPPED [2]" in fast.stdout and "starts a process" in fast.stdout, fast.stdout
+    full = subprocess.run([*command, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert full.returncode == 0 and "3 passed" in full.stdout, full.stdout + full.stderr

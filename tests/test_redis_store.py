@@ -12,6 +12,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from gateway.cli import main
 from gateway.config import Config
 from gateway.events.log import LogBounds, LogSealed
 from gateway.stores.redis import RedisBackend, RedisEventLog, RedisTaskStore, TaskGone, WriterFenced
+from gateway.stores.redis_wakeups import UNAVAILABLE
 from gateway.tasks.records import TaskStatus
 from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix, shared_redis_url
@@ -63,6 +65,27 @@ async def until_waiting(pair: Pair, task_id: str) -> None:
     async with asyncio.timeout(30):
         while (await pair.backend.client.pubsub_numsub(channel))[0][1] == 0:  # noqa: ASYNC110 - a server's state
             await asyncio.sleep(0.01)
+
+
+def until_polls_fail(pair: Pair, count: int) -> asyncio.Future[None]:
+    """Done once `count` of the pair's polls of a task's hash (the waiter's `HMGET`) found no server."""
+    client = pair.backend.client
+    real_hmget = client.hmget
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    failed = 0
+
+    async def hmget(*args: Any, **kwargs: Any) -> Any:
+        nonlocal failed
+        try:
+            return await real_hmget(*args, **kwargs)
+        except UNAVAILABLE:
+            failed += 1
+            if failed >= count and not done.done():
+                done.set_result(None)
+            raise
+
+    client.hmget = hmget  # type: ignore[method-assign]
+    return done
 
 
 async def all_events(log: RedisEventLog, task_id: str) -> list[bytes]:
@@ -168,8 +191,11 @@ async def test_a_reader_blocked_across_a_redis_restart_resumes_without_a_gap(tmp
 
         reading = asyncio.create_task(read_all(200))
         await until_waiting(reader, "t")  # caught up and blocked in wait
+        poll_failed = until_polls_fail(reader, 1)
         server.stop(signal.SIGKILL)  # a crash: appendfsync always kept every acknowledged append
-        await asyncio.sleep(0.5)
+        # The waiter asked the dead server; the failure came back to it in the step that resolves
+        # `poll_failed`, so had it ended the reader, the reader would be done by now.
+        await asyncio.wait_for(poll_failed, 30)
         assert not reading.done()
         server.start()
         late = Pair(server.url, prefix)  # a replica that first connects after the restart

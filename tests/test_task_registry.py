@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -14,6 +17,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import Era
 from gateway.stores.memory import MemoryTaskStore
+from gateway.tasks import registry as registry_module
 from gateway.tasks.hosted import related_outcome
 from gateway.tasks.lifecycle import Event
 from gateway.tasks.records import TaskStatus
@@ -37,6 +41,18 @@ def registry(
     return TaskRegistry(config.tasks, config.retention, store, log, capture, Metrics(), record_events=record_events)
 
 
+@pytest.fixture
+def skip_ahead(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """`skip_ahead(s)`: from then on the registry's clocks (the `time` its module reads) are `s` seconds
+    ahead, so a TTL runs out without the test waiting for it (and a slow machine cannot outrun it)."""
+
+    def skip(seconds: float) -> None:
+        ahead = SimpleNamespace(time=lambda: time.time() + seconds, monotonic=lambda: time.monotonic() + seconds)
+        monkeypatch.setattr(registry_module, "time", ahead)
+
+    return skip
+
+
 async def log_bounds(tasks: TaskRegistry, task: Task) -> LogBounds:
     bounds = await tasks.log.bounds(task.id)
     assert bounds is not None
@@ -52,17 +68,20 @@ async def test_a_task_is_visible_only_to_its_owner() -> None:
     assert (await tasks.list_owned("bob", None)).records == []
 
 
-async def test_the_per_caller_limit_holds_and_frees_on_expiry() -> None:
+async def test_the_per_caller_limit_holds_and_frees_on_expiry(skip_ahead: Callable[[float], None]) -> None:
     tasks = registry(max_tasks_per_owner=2)
-    first = await tasks.create("alice", "build", 50, dialect=DIALECT)
-    await tasks.create("alice", "build", 60_000, dialect=DIALECT)
+    first = await tasks.create("alice", "build", 1000, dialect=DIALECT)
+    second = await tasks.create("alice", "build", 600_000, dialect=DIALECT)
     with pytest.raises(TaskLimitReached):
         await tasks.create("alice", "build", None, dialect=DIALECT)
     await tasks.create("bob", "build", None, dialect=DIALECT)  # another caller has a limit of their own
-    await asyncio.sleep(0.1)
-    await tasks.sweep_once()  # the 50 ms task expired
+    skip_ahead(60.0)
+    await tasks.sweep_once()  # the 1 s task expired, the 10 min one did not
     assert tasks.get("alice", first.id) is None
+    assert tasks.get("alice", second.id) is second
     await tasks.create("alice", "build", None, dialect=DIALECT)
+    with pytest.raises(TaskLimitReached):
+        await tasks.create("alice", "build", None, dialect=DIALECT)
 
 
 async def test_requested_ttl_is_capped_and_defaulted() -> None:
@@ -216,24 +235,27 @@ async def test_the_logs_of_tasks_that_ended_before_the_start_go_after_terminal_r
     assert await after.store.get("a", done.id) is not None  # the record lives until its TTL
 
 
-async def test_a_sweep_of_records_another_process_counted_leaves_this_ones_counts_alone() -> None:
+async def test_a_sweep_of_records_another_process_counted_leaves_this_ones_counts_alone(
+    skip_ahead: Callable[[float], None],
+) -> None:
     other = registry(max_tasks_per_owner=2)
-    await other.create("a", "t", 50, dialect=DIALECT)  # a shared store: another replica's task
+    expiring = await other.create("a", "t", 1000, dialect=DIALECT)  # a shared store: another replica's task
     this = registry(stores_of=other, max_tasks_per_owner=2)
     await this.create("a", "t", None, dialect=DIALECT)
     await this.create("a", "t", None, dialect=DIALECT)
-    await asyncio.sleep(0.1)
+    skip_ahead(60.0)
     await this.sweep_once()  # drops the other's expired record: none of this one's two
+    assert await this.store.get("a", expiring.id) is None
     with pytest.raises(TaskLimitReached):
         await this.create("a", "t", None, dialect=DIALECT)
 
 
-async def test_an_expired_task_gives_its_kept_result_back_to_the_budget() -> None:
+async def test_an_expired_task_gives_its_kept_result_back_to_the_budget(skip_ahead: Callable[[float], None]) -> None:
     size = result_bytes(100)
     tasks = registry(retention={"max_result_bytes": size, "results_budget_bytes": 2 * size})
-    short = await ended(tasks, 100, ttl_ms=50)
-    kept = await ended(tasks, 100)
-    await asyncio.sleep(0.1)
+    short = await ended(tasks, 100, ttl_ms=1000)
+    kept = await ended(tasks, 100, ttl_ms=600_000)
+    skip_ahead(60.0)
     await tasks.sweep_once()
     assert tasks.find(short.id) is None and tasks.kept_bytes == size
     await ended(tasks, 100)
