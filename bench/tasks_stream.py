@@ -2,7 +2,7 @@
 
     python bench/tasks_stream.py replay  [--events 100000]
     python bench/tasks_stream.py resume  [--events 1000000]
-    python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4]
+    python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4] [--tree DIR ...]
     python bench/tasks_stream.py frames  [--events 100000]
 
 replay and fanout run the real gateway as a subprocess in front of the example server (stdio) and
@@ -10,7 +10,9 @@ read with raw aiohttp clients; resume fills an in-process gateway's log directly
 through an upstream would take minutes) and times the HTTP round trip to the first event; frames
 times building the SSE frames of stored events in process (the replay's CPU work per event, recording
 time included), with one event per millisecond (each time formatted anew) and ten (a burst). Each
-prints a markdown table; medians unless stated.
+prints a markdown table; medians unless stated. fanout runs the gateway of each `--tree` (a checkout;
+default this one) in turn, for a side-by-side comparison in one run, and reports the gateway's CPU
+(utime + stime from /proc) per delivered event.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.app import REGISTRY, build_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.events.log import StoredEvent  # noqa: E402
-from gateway.events.stream import EventFrames  # noqa: E402
+from gateway.events.stream_frames import EventFrames  # noqa: E402
 from gateway.protocol.era import Era  # noqa: E402
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
@@ -77,18 +79,20 @@ def rss_kib(pid: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(config_text: str, upstream: list[str] | None = None) -> AsyncIterator[tuple[str, int]]:
-    """The real gateway in front of `upstream` (its --upstream-* arguments; default: the stdio example
-    server); yields (url, pid)."""
+async def gateway_process(
+    config_text: str, upstream: list[str] | None = None, tree: Path = ROOT
+) -> AsyncIterator[tuple[str, int]]:
+    """The real gateway of `tree` (a checkout) in front of `upstream` (its --upstream-* arguments;
+    default: the stdio example server); yields (url, pid)."""
     port = free_port()
-    config = ROOT / f".bench-{port}.toml"
+    config = tree / f".bench-{port}.toml"
     # The stream path as docs/benchmarks.md reports it: on the memory store unless the bench names one.
     config.write_text(config_text if "[store]" in config_text else f'{config_text}\n[store]\nkind = "memory"\n')
-    upstream = upstream or ["--upstream-cmd", f"{sys.executable} {ROOT / 'examples' / 'build_server.py'}"]
+    upstream = upstream or ["--upstream-cmd", f"{sys.executable} {tree / 'examples' / 'build_server.py'}"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--config", str(config),
         "--listen", f"127.0.0.1:{port}", *upstream,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=tree,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -289,9 +293,28 @@ def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
 STAMP = re.compile(rb'"message":"t=([0-9.]+)"')
 
 
-async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) -> None:
+async def bench_fanout(streams: int, rate: float, seconds: float, clients: int, trees: list[Path]) -> None:
+    print(f"\n## Live fan-out ({machine()})\n")
+    print(
+        "| tree | streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
+        "| gateway peak RSS | gateway CPU | gateway CPU per delivery |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for tree in trees:
+        await fanout_run(streams, rate, seconds, clients, tree)
+    print(
+        "\nlatency = client receive time - the tool's timestamp, taken per delivery from its oldest event; "
+        "CPU per delivery = the gateway's utime + stime from the clients' start to their end, over "
+        "streams x events"
+    )
+
+
+async def fanout_run(streams: int, rate: float, seconds: float, clients: int, tree: Path) -> None:
     config = f"[retention]\nmax_events_per_task = {int(rate * seconds) + 1000}\n"
-    async with gateway_process(config) as (url, pid), aiohttp.ClientSession(headers=HEADERS) as http:
+    async with (
+        gateway_process(config, tree=tree) as (url, pid),
+        aiohttp.ClientSession(headers=HEADERS) as http,
+    ):
         headers = await open_session(http, url)
         task_id = await start_task(http, url, headers, "ticker", {"rate": rate, "seconds": seconds})
         queue: Any = multiprocessing.Queue()
@@ -308,29 +331,25 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
             peak = max(peak, rss_kib(pid))
         for proc in procs:
             proc.join()
-        cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
+        cpu_s = cpu_seconds(pid) - cpu_before
+        cpu = cpu_s / (time.monotonic() - wall_before)
         final = await call(http, url, headers, "tasks/get", {"taskId": task_id})
         expected = max(last for _, last, _ in results) + 1
         complete = sum(1 for count, last, _ in results if count == expected and last == expected - 1)
+        delivered = sum(count for count, _, _ in results)
         latencies = sorted(value for _, _, lat in results for value in lat)
         p50 = latencies[len(latencies) // 2] * 1000
         p99 = latencies[int(len(latencies) * 0.99)] * 1000
-        print(f"\n## Live fan-out ({machine()})\n")
-        print(
-            "| streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
-            "| gateway peak RSS | gateway CPU |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
-        print(
-            f"| {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} | {p50:.1f} | {p99:.1f} "
-            f"| {peak / 1024:.0f} MiB | {cpu:.0%} of a core |"
-        )
         counts = sorted(count for count, _, _ in results)
-        print(f"\nevents received per stream: min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}")
         print(
-            f"task status {final['result']['status']}; latency = client receive time - the tool's timestamp, "
-            "taken per delivery from its oldest event"
+            f"| {tree.name} | {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} "
+            f"| {p50:.1f} | {p99:.1f} | {peak / 1024:.0f} MiB | {cpu:.0%} of a core "
+            f"| {cpu_s / max(delivered, 1) * 1e6:.2f} µs |",
+            flush=True,
         )
+        if complete < streams:
+            print(f"(events received per stream: min {counts[0]}, max {counts[-1]})", flush=True)
+        assert final["result"]["status"] == "completed", final
 
 
 def bench_frames(events: int, batch: int = 256, runs: int = 15) -> None:
@@ -366,6 +385,7 @@ def main() -> None:
     fan.add_argument("--rate", type=float, default=1000)
     fan.add_argument("--seconds", type=float, default=30)
     fan.add_argument("--clients", type=int, default=4)
+    fan.add_argument("--tree", type=Path, action="append", help="a checkout whose gateway to run (repeatable)")
     sub.add_parser("frames").add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
     if args.bench == "replay":
@@ -375,7 +395,7 @@ def main() -> None:
     elif args.bench == "frames":
         bench_frames(args.events)
     else:
-        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients))
+        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients, args.tree or [ROOT]))
 
 
 if __name__ == "__main__":

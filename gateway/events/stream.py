@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
+from gateway.events.fanout import SharedTail
+from gateway.events.log import EventLog, LogBounds, StoreUnavailable
+from gateway.events.stream_frames import EventFrames
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc, sse
 from gateway.protocol.jsonrpc import EVENTS_GONE, Message, ProtocolError
-from gateway.protocol.names import RECORDED_AT_KEY, RELATED_TASK_KEY
 
 MAX_SEQ = 2**63 - 1
 """The largest sequence number (stores keep seqs as signed 64-bit integers)."""
@@ -107,55 +106,6 @@ def plan_stream(task_id: str, after: int | None, bounds: LogBounds) -> StreamSta
     return StreamStart(after + 1)
 
 
-def recorded_at(created: float) -> bytes:
-    """`created` (seconds since the epoch) as UTC ISO 8601 with milliseconds, e.g. ``2026-12-01T09:43:00.123Z``.
-
-    Rounding is monotonic, so times that never decrease keep never decreasing once formatted.
-    """
-    return _millisecond_stamp(round(created * 1000))
-
-
-def _millisecond_stamp(millis: int) -> bytes:
-    second, millisecond = divmod(millis, 1000)
-    return b"%s.%03dZ" % (_utc_second(second), millisecond)
-
-
-@functools.lru_cache(maxsize=4)
-def _utc_second(second: int) -> bytes:
-    # A replay formats many events of the same second: strftime once per second, not once per event.
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
-
-
-class EventFrames:
-    """Builds `notifications/tasks/event` SSE frames for one task from stored event bodies.
-
-    Each event's `_meta` carries the related task (SEP-2694's MUST) and the time the gateway recorded it.
-    """
-
-    def __init__(self, task_id: str) -> None:
-        quoted = orjson.dumps(task_id)
-        head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-        self._middle = b',"taskId":' + quoted + b","
-        meta = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}"
-        self._meta_open = meta + b',"' + RECORDED_AT_KEY.encode() + b'":"'
-        # The same frame as sse.encode_message(message), split around the varying parts.
-        self._open_frame, close_frame = sse.encode_message(head + b"\0").split(b"\0")
-        self._meta_close = b'"}}}' + close_frame
-
-    def frames(self, events: list[StoredEvent]) -> bytes:
-        """SSE frames for a batch, joined once (the replay hot path: no per-event concatenation)."""
-        open_frame, middle, meta_open, meta_close = self._open_frame, self._middle, self._meta_open, self._meta_close
-        parts: list[bytes] = []
-        # The events of a burst share their millisecond: format each distinct one once.
-        last_millis, stamp = -1, b""
-        for event in events:
-            millis = round(event.created * 1000)
-            if millis != last_millis:
-                last_millis, stamp = millis, _millisecond_stamp(millis)
-            parts += (open_frame, b"%d" % event.seq, middle, event.body, meta_open, stamp, meta_close)
-        return b"".join(parts)
-
-
 Write = Callable[[bytes], Awaitable[None]]
 
 
@@ -184,41 +134,85 @@ async def run_stream(
     caught_up = False
     resets = log.resets
     outage = _Outage(write, keepalive_s, stop)
-    while not stop.is_set():
-        if caught_up and (pause := pacer.pause()) > 0:
-            # Live tail: a stream writes at most once per interval, so fan-out to many streams costs
-            # a bounded number of writes per second however fast the task produces events.
-            await asyncio.sleep(pause)
-        try:
-            events = await log.read(task_id, cursor - 1, batch)
-        except StoreUnavailable:
-            await outage.wait()
-            continue
-        if log.resets != resets:
-            return store_reset(task_id)
-        caught_up = len(events) < batch
-        if events:
-            if events[0].seq != cursor:
-                return events_gone(task_id, events[0].seq)
-            delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
-            pacer.wrote()
-            cursor = events[-1].seq + 1
-            continue
-        try:
-            bounds = await log.bounds(task_id)
-        except StoreUnavailable:
-            await outage.wait()
-            continue
-        outage.over()
-        if bounds is None or log.resets != resets:  # gone without its end: never a normal end
-            return store_reset(task_id)
-        if bounds.retained_from > cursor:
-            return events_gone(task_id, bounds.retained_from)
-        if bounds.sealed and cursor >= bounds.next_seq:
-            return None
-        if not await _wait(log, task_id, cursor - 1, keepalive_s, stop) and not stop.is_set():
-            await write(sse.encode_comment("keepalive"))
-    return None
+    tail = SharedTail.join(
+        log, task_id, first_seq, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
+    )
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            block = tail.block
+            if block is not None and block.first == cursor and log.resets == resets:
+                # Caught up: the task's new frames, encoded once for all its streams, written as they are.
+                cursor = block.end
+                delivered += block.end - block.first
+                await write(block.frames)
+                if on_batch is not None:
+                    await on_batch(delivered)
+                if cursor == tail.head and not tail.retired and not await _next_tick(tail, stopped):
+                    await _keepalive(write, stop)
+                continue
+            if caught_up and (pause := pacer.pause()) > 0:
+                # Behind the shared tail: a stream writes at most once per interval, so fan-out to many
+                # streams costs a bounded number of writes per second however fast the task produces events.
+                await asyncio.sleep(pause)
+            try:
+                events = await log.read(task_id, cursor - 1, batch)
+            except StoreUnavailable:
+                await outage.wait()
+                continue
+            if log.resets != resets:
+                return store_reset(task_id)
+            caught_up = len(events) < batch
+            if events:
+                if events[0].seq != cursor:
+                    return events_gone(task_id, events[0].seq)
+                delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
+                pacer.wrote()
+                cursor = events[-1].seq + 1
+                continue
+            try:
+                bounds = await log.bounds(task_id)
+            except StoreUnavailable:
+                await outage.wait()
+                continue
+            outage.over()
+            if bounds is None or log.resets != resets:  # gone without its end: never a normal end
+                return store_reset(task_id)
+            if bounds.retained_from > cursor:
+                return events_gone(task_id, bounds.retained_from)
+            if bounds.sealed and cursor >= bounds.next_seq:
+                return None
+            if tail.retired:
+                changed = await _wait(log, task_id, cursor - 1, keepalive_s, stop)
+            else:
+                changed = await _next_tick(tail, stopped)
+            if not changed:
+                await _keepalive(write, stop)
+        return None
+    finally:
+        stopped.cancel()
+        tail.leave()
+
+
+async def _next_tick(tail: SharedTail, stopped: asyncio.Future[Any]) -> bool:
+    """Wait for the tail's next tick (True: something changed) or `stopped`; False after a quiet
+    keep-alive interval."""
+    waiter = tail.waiter()
+
+    def on_stop(_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(True)
+
+    stopped.add_done_callback(on_stop)
+    try:
+        return await waiter
+    finally:
+        stopped.remove_done_callback(on_stop)
+
+
+async def _keepalive(write: Write, stop: asyncio.Event) -> None:
+    if not stop.is_set():
+        await write(sse.encode_comment("keepalive"))
 
 
 async def _deliver(
