@@ -65,6 +65,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    return sum(cpu_times(pid))
+
+
 def cpu_times(pid: int) -> tuple[float, float]:
     """User and system CPU time of a process so far, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
