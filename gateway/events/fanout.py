@@ -8,6 +8,12 @@ seq writes as it is. It then wakes only the streams waiting on it (those that ha
 per tick, not once per event. A stream whose cursor is not where the block starts (a new stream, a
 stream that fell behind while writing) reads the log itself, as before, until it is caught up again.
 
+A stream that can write without waiting (`WriteNow`: its connection takes the bytes at once, or says
+it cannot) follows the tail instead: the tail writes each block for it while it stays caught up, and
+its task sleeps until the tail cannot (the connection's buffer is at its high-water mark, the block
+does not start at its cursor) or the stream must act (stop, keep-alive, the log's end). A stream costs
+the tail one write per tick then, with no task switch, no future and no timer.
+
 The tail never decides how a stream ends: when it sees the log sealed, deleted, reset or trimmed past
 its head, or the store unreadable, it wakes its streams and each runs its own checks on the log. The
 byte bounds and slow-reader cuts stay with each stream's writes (`Responder.write`).
@@ -17,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.events.log import EventLog, StoreUnavailable
 from gateway.events.stream_frames import EventFrames
 from gateway.pacing import WritePacer
 
-RETRY_S = 0.05
-"""How long the tail waits before reading a store again that could not be read."""
+WriteNow = Callable[[bytes], bool]
+"""Write bytes if the connection takes them at once (True), else write nothing and say False."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,18 @@ class Block:
     first: int
     end: int
     frames: bytes
+
+
+class Follower:
+    """A stream waiting at the tail: its cursor (moved by the tail as it writes for the stream) and the
+    future its task sleeps on, resolved with True when something changed, False for a keep-alive."""
+
+    __slots__ = ("cursor", "waiter", "write_now")
+
+    def __init__(self, cursor: int, write_now: WriteNow | None, waiter: asyncio.Future[bool]) -> None:
+        self.cursor = cursor
+        self.write_now = write_now
+        self.waiter = waiter
 
 
 _tails: weakref.WeakKeyDictionary[EventLog, dict[str, SharedTail]] = weakref.WeakKeyDictionary()
@@ -57,7 +76,7 @@ class SharedTail:
         self.block: Block | None = None
         self.ticks = 0
         """Blocks published so far (tests count writes against it)."""
-        self._waiting: list[asyncio.Future[bool]] = []
+        self._waiting: list[Follower] = []
         self._streams = 0
         self.retired = False
         """The log ended, or was lost or trimmed past the head: streams wait on the log themselves."""
@@ -66,7 +85,8 @@ class SharedTail:
     @classmethod
     def join(cls, log: EventLog, task_id: str, first_seq: int, *, keepalive_s: float, batch: int,
              flush_interval_s: float) -> SharedTail:  # fmt: skip
-        """The task's live tail (started at `first_seq` if it has none), counting one more stream."""
+        """The task's live tail (started at `first_seq` if it has none or it stopped), counting one more
+        stream."""
         tails = _tails.setdefault(log, {})
         tail = tails.get(task_id)
         if tail is None or tail.retired:
@@ -84,21 +104,36 @@ class SharedTail:
 
     @property
     def waiting(self) -> int:
-        """Streams waiting for the next tick now."""
-        return sum(not waiter.done() for waiter in self._waiting)
+        """Streams waiting at the tail now."""
+        return sum(not follower.waiter.done() for follower in self._waiting)
 
-    def waiter(self) -> asyncio.Future[bool]:
-        """A future resolved at the next tick: True when something changed (a block, or the log ended), False
-        when nothing happened for `keepalive_s` (time for a keep-alive). The stream resolves it itself on stop."""
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        return waiter
+    def follow(self, cursor: int, write_now: WriteNow | None) -> Follower:
+        """Wait at the tail from `cursor`: with `write_now`, the tail writes the blocks that start at the
+        cursor for the stream, and wakes it only when it cannot; without, it wakes it at the next tick.
+        The stream resolves the waiter itself to stop waiting."""
+        follower = Follower(cursor, write_now, asyncio.get_running_loop().create_future())
+        self._waiting.append(follower)
+        return follower
 
     def _wake(self, changed: bool) -> None:
         waiting, self._waiting = self._waiting, []
-        for waiter in waiting:
-            if not waiter.done():
-                waiter.set_result(changed)
+        for follower in waiting:
+            if not follower.waiter.done():
+                follower.waiter.set_result(changed)
+
+    def _publish(self, block: Block) -> None:
+        """Write `block` for the followers that can take it at once; wake the others."""
+        following: list[Follower] = []
+        for follower in self._waiting:
+            if follower.waiter.done():
+                continue
+            write_now = follower.write_now
+            if write_now is not None and follower.cursor == block.first and write_now(block.frames):
+                follower.cursor = block.end
+                following.append(follower)
+            else:
+                follower.waiter.set_result(True)
+        self._waiting = following
 
     def _retire(self) -> None:
         if self.retired:
@@ -134,14 +169,13 @@ class SharedTail:
                     await asyncio.sleep(pause)
                 events = await log.read(task_id, self.head - 1, self._batch)
             except StoreUnavailable:
-                # The streams find the outage on their own reads, with their keep-alives.
-                self._wake(True)
-                await asyncio.sleep(RETRY_S)
-                continue
+                # The streams meet the outage on their own reads, with their keep-alives, and start a new
+                # tail once the store answers again.
+                return
             if not events:
                 continue  # trimmed between the wait and the read: the next wait's bounds tell
             self.block = Block(events[0].seq, events[-1].seq + 1, self._frames.frames(events))
             self.head = self.block.end
             self.ticks += 1
             self._pacer.wrote()
-            self._wake(True)
+            self._publish(self.block)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.events.fanout import SharedTail
+from gateway.events.fanout import SharedTail, WriteNow
 from gateway.events.log import EventLog, LogBounds, StoreUnavailable
 from gateway.events.stream_frames import EventFrames
 from gateway.pacing import WritePacer
@@ -120,13 +121,16 @@ async def run_stream(
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
     flush_interval_s: float,
+    write_now: WriteNow | None = None,
 ) -> ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
     result), or as soon as `stop` is set by a cancellation, an events_gone ProtocolError when retention
     overtook the cursor, and a store_reset one when the store lost the log. While the store cannot be
-    read, the stream waits for it (keep-alives every `keepalive_s`).
+    read, the stream waits for it (keep-alives every `keepalive_s`). With `write_now` (and no `on_batch`,
+    which needs the stream's own task per batch), the task's shared tail writes for the stream while it is
+    caught up (`gateway.events.fanout`).
     """
     frames = EventFrames(task_id)
     cursor, delivered = first_seq, 0
@@ -134,13 +138,16 @@ async def run_stream(
     caught_up = False
     resets = log.resets
     outage = _Outage(write, keepalive_s, stop)
-    tail = SharedTail.join(
-        log, task_id, first_seq, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
+    join = functools.partial(
+        SharedTail.join, log, task_id, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
     )
+    # Joined once the stream has caught up with the log: a replay reads the log at its own pace.
+    tail: SharedTail | None = None
     stopped = asyncio.ensure_future(stop.wait())
+    direct = write_now if on_batch is None else None
     try:
         while not stop.is_set():
-            block = tail.block
+            block = None if tail is None else tail.block
             if block is not None and block.first == cursor and log.resets == resets:
                 # Caught up: the task's new frames, encoded once for all its streams, written as they are.
                 cursor = block.end
@@ -148,15 +155,22 @@ async def run_stream(
                 await write(block.frames)
                 if on_batch is not None:
                     await on_batch(delivered)
-                if cursor == tail.head and not tail.retired and not await _next_tick(tail, stopped):
+                continue
+            live = tail is not None and not tail.retired
+            if tail is not None and live and cursor >= tail.head:
+                # Never read past the tail: the stream would run ahead of its blocks and never share them.
+                followed, changed = await _follow(tail, cursor, direct, stopped)
+                delivered, cursor = delivered + followed - cursor, followed
+                if not changed:
                     await _keepalive(write, stop)
                 continue
-            if caught_up and (pause := pacer.pause()) > 0:
-                # Behind the shared tail: a stream writes at most once per interval, so fan-out to many
-                # streams costs a bounded number of writes per second however fast the task produces events.
+            if not live and caught_up and (pause := pacer.pause()) > 0:
+                # Without a tail, a stream writes at most once per interval, so fan-out to many streams
+                # costs a bounded number of writes per second however fast the task produces events.
                 await asyncio.sleep(pause)
             try:
-                events = await log.read(task_id, cursor - 1, batch)
+                limit = min(batch, tail.head - cursor) if tail is not None and live else batch
+                events = await log.read(task_id, cursor - 1, limit)
             except StoreUnavailable:
                 await outage.wait()
                 continue
@@ -169,6 +183,8 @@ async def run_stream(
                 delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
                 pacer.wrote()
                 cursor = events[-1].seq + 1
+                if caught_up:  # at the log's end (for now): from here on, the tail reads for the stream
+                    tail = _rejoin(tail, join, cursor)
                 continue
             try:
                 bounds = await log.bounds(task_id)
@@ -182,22 +198,35 @@ async def run_stream(
                 return events_gone(task_id, bounds.retained_from)
             if bounds.sealed and cursor >= bounds.next_seq:
                 return None
-            if tail.retired:
-                changed = await _wait(log, task_id, cursor - 1, keepalive_s, stop)
-            else:
-                changed = await _next_tick(tail, stopped)
+            # Caught up with a log that goes on: wait at its tail (a new one if this one stopped).
+            tail = _rejoin(tail, join, cursor)
+            followed, changed = await _follow(tail, cursor, direct, stopped)
+            delivered, cursor = delivered + followed - cursor, followed
             if not changed:
                 await _keepalive(write, stop)
         return None
     finally:
         stopped.cancel()
+        if tail is not None:
+            tail.leave()
+
+
+def _rejoin(tail: SharedTail | None, join: Callable[[int], SharedTail], cursor: int) -> SharedTail:
+    """The task's live tail for a stream at `cursor`: `tail`, unless the stream has none or it stopped."""
+    if tail is not None and not tail.retired:
+        return tail
+    if tail is not None:
         tail.leave()
+    return join(cursor)
 
 
-async def _next_tick(tail: SharedTail, stopped: asyncio.Future[Any]) -> bool:
-    """Wait for the tail's next tick (True: something changed) or `stopped`; False after a quiet
-    keep-alive interval."""
-    waiter = tail.waiter()
+async def _follow(
+    tail: SharedTail, cursor: int, write_now: WriteNow | None, stopped: asyncio.Future[Any]
+) -> tuple[int, bool]:
+    """Wait at the tail until the stream must act or `stopped`: the cursor then (past what the tail wrote
+    for the stream), and whether something changed (False: a quiet keep-alive interval passed)."""
+    follower = tail.follow(cursor, write_now)
+    waiter = follower.waiter
 
     def on_stop(_: object) -> None:
         if not waiter.done():
@@ -205,9 +234,12 @@ async def _next_tick(tail: SharedTail, stopped: asyncio.Future[Any]) -> bool:
 
     stopped.add_done_callback(on_stop)
     try:
-        return await waiter
+        changed = await waiter
     finally:
         stopped.remove_done_callback(on_stop)
+        if not waiter.done():  # cancelled: the tail must not write for the stream any more
+            waiter.cancel()
+    return follower.cursor, changed
 
 
 async def _keepalive(write: Write, stop: asyncio.Event) -> None:
@@ -250,15 +282,3 @@ class _Outage:
 
     def over(self) -> None:
         self._delay = STORE_RETRY_INITIAL_S
-
-
-async def _wait(log: EventLog, task_id: str, after: int, timeout: float, stop: asyncio.Event) -> bool:
-    """Wait for the log to grow past `after` (or be sealed), for `stop`, or for the keepalive interval."""
-    grow = asyncio.ensure_future(log.wait(task_id, after, timeout))
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        done, _ = await asyncio.wait({grow, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        grow.cancel()
-        stopped.cancel()
-    return grow in done and grow.result()
