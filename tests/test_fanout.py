@@ -33,10 +33,20 @@ class Sink:
         self.chunks: list[bytes] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.written_now = 0
+        """Chunks the shared tail wrote for the stream (`write_now`), without waking its task."""
 
     async def write(self, chunk: bytes) -> None:
         await self.gate.wait()
         self.chunks.append(chunk)
+
+    def write_now(self, chunk: bytes) -> bool:
+        """Like a connection: takes the bytes at once unless its buffer is full (the gate closed)."""
+        if not self.gate.is_set():
+            return False
+        self.chunks.append(chunk)
+        self.written_now += 1
+        return True
 
     @property
     def seqs(self) -> list[int]:
@@ -59,12 +69,23 @@ async def until(condition: object) -> None:
             await asyncio.sleep(0)
 
 
-async def start(log: MemoryEventLog, sinks: list[Sink], first_seq: int = 0) -> list[asyncio.Task[object]]:
-    """One stream per sink from `first_seq`, each caught up and waiting on the shared tail."""
+async def start(
+    log: MemoryEventLog, sinks: list[Sink], first_seq: int = 0, *, direct: bool = False
+) -> list[asyncio.Task[object]]:
+    """One stream per sink from `first_seq`, each caught up and waiting on the shared tail; `direct`: the
+    tail writes for them (`write_now`)."""
     tasks: list[asyncio.Task[object]] = [
         asyncio.create_task(
             run_stream(
-                log, TASK, first_seq, sink.write, stop=asyncio.Event(), keepalive_s=3600, batch=64, flush_interval_s=0
+                log,
+                TASK,
+                first_seq,
+                sink.write,
+                stop=asyncio.Event(),
+                keepalive_s=3600,
+                batch=64,
+                flush_interval_s=0,
+                write_now=sink.write_now if direct else None,
             )
         )
         for sink in sinks
@@ -104,11 +125,12 @@ async def test_caught_up_streams_share_one_encoding_equal_to_the_per_stream_one(
     await finish(log, tasks)
 
 
-async def test_each_stream_writes_at_most_once_per_tick() -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["own-task", "written-by-the-tail"])
+async def test_each_stream_writes_at_most_once_per_tick(direct: bool) -> None:
     log = MemoryEventLog(10_000)
     await log.create(TASK)
     sinks = [Sink() for _ in range(STREAMS)]
-    tasks = await start(log, sinks)
+    tasks = await start(log, sinks, direct=direct)
     tail = tail_of(log)
     for tick in range(1, 6):
         for n in range(7):  # a burst of appends in one loop step: one tick
@@ -118,6 +140,7 @@ async def test_each_stream_writes_at_most_once_per_tick() -> None:
     for sink in sinks:
         assert len(sink.chunks) == tail.ticks == 5, "one write per tick"
         assert sink.seqs == list(range(35))
+        assert sink.written_now == (5 if direct else 0)
 
 
 async def test_an_append_wakes_the_tail_not_every_stream() -> None:
@@ -134,11 +157,12 @@ async def test_an_append_wakes_the_tail_not_every_stream() -> None:
     await finish(log, tasks)
 
 
-async def test_a_stream_that_falls_behind_catches_up_from_the_log_without_gap_or_duplicate() -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["own-task", "written-by-the-tail"])
+async def test_a_stream_that_falls_behind_catches_up_from_the_log_without_gap_or_duplicate(direct: bool) -> None:
     log = MemoryEventLog(1000)
     await log.create(TASK)
     fast, slow = Sink(), Sink()
-    tasks = await start(log, [fast, slow])
+    tasks = await start(log, [fast, slow], direct=direct)
     tail = tail_of(log)
     slow.gate.clear()  # the slow stream's next write blocks, as on a full socket
     for tick in range(1, 4):

@@ -128,7 +128,7 @@ class SharedTail:
             if follower.waiter.done():
                 continue
             write_now = follower.write_now
-            if write_now is not None and follower.cursor == block.first and write_now(block.frames):
+            if write_now is not None and follower.cursor == block.first and _wrote(write_now, block.frames):
                 follower.cursor = block.end
                 following.append(follower)
             else:
@@ -179,3 +179,11 @@ class SharedTail:
             self.ticks += 1
             self._pacer.wrote()
             self._publish(self.block)
+
+
+def _wrote(write_now: WriteNow, data: bytes) -> bool:
+    """`write_now(data)`; a connection that fails is left to the stream, whose own write meets it."""
+    try:
+        return write_now(data)
+    except (ConnectionError, RuntimeError):
+        return False

@@ -16,12 +16,12 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
-from gateway.events.fanout import SharedTail, WriteNow
-from gateway.events.log import EventLog, LogBounds, StoreUnavailable
+from gateway.events.fanout import Block, SharedTail, WriteNow
+from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
 from gateway.events.stream_frames import EventFrames
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc, sse
@@ -126,11 +126,10 @@ async def run_stream(
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
-    result), or as soon as `stop` is set by a cancellation, an events_gone ProtocolError when retention
-    overtook the cursor, and a store_reset one when the store lost the log. While the store cannot be
-    read, the stream waits for it (keep-alives every `keepalive_s`). With `write_now` (and no `on_batch`,
-    which needs the stream's own task per batch), the task's shared tail writes for the stream while it is
-    caught up (`gateway.events.fanout`).
+    result) or `stop` is set (a cancellation); an events_gone ProtocolError when retention overtook the
+    cursor, a store_reset one when the store lost the log. While the store cannot be read, the stream
+    waits for it (keep-alives every `keepalive_s`). Once caught up, it waits at the task's shared tail,
+    which writes for it with `write_now` if given (and no `on_batch`): `gateway.events.fanout`.
     """
     frames = EventFrames(task_id)
     cursor, delivered = first_seq, 0
@@ -138,113 +137,137 @@ async def run_stream(
     caught_up = False
     resets = log.resets
     outage = _Outage(write, keepalive_s, stop)
-    join = functools.partial(
-        SharedTail.join, log, task_id, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
-    )
-    # Joined once the stream has caught up with the log: a replay reads the log at its own pace.
-    tail: SharedTail | None = None
-    stopped = asyncio.ensure_future(stop.wait())
-    direct = write_now if on_batch is None else None
+    # The tail writes for the stream only without on_batch (it moves the cursor, `delivered` is not told).
+    seat = _Seat(log, task_id, write_now if on_batch is None else None, stop, keepalive_s, batch, flush_interval_s)
     try:
         while not stop.is_set():
-            block = None if tail is None else tail.block
-            if block is not None and block.first == cursor and log.resets == resets:
+            block = seat.block_at(cursor)
+            if block is not None and log.resets == resets:
                 # Caught up: the task's new frames, encoded once for all its streams, written as they are.
+                delivered = await _deliver(block.frames, delivered + block.end - cursor, write, on_batch)
                 cursor = block.end
-                delivered += block.end - block.first
-                await write(block.frames)
-                if on_batch is not None:
-                    await on_batch(delivered)
                 continue
-            live = tail is not None and not tail.retired
-            if tail is not None and live and cursor >= tail.head:
+            if seat.ahead(cursor):
                 # Never read past the tail: the stream would run ahead of its blocks and never share them.
-                followed, changed = await _follow(tail, cursor, direct, stopped)
-                delivered, cursor = delivered + followed - cursor, followed
-                if not changed:
-                    await _keepalive(write, stop)
+                cursor = await seat.wait(cursor, write)
                 continue
-            if not live and caught_up and (pause := pacer.pause()) > 0:
-                # Without a tail, a stream writes at most once per interval, so fan-out to many streams
-                # costs a bounded number of writes per second however fast the task produces events.
+            if not seat.live and caught_up and (pause := pacer.pause()) > 0:
+                # Without a tail, at most one write per interval: a bounded number of writes per second.
                 await asyncio.sleep(pause)
-            try:
-                limit = min(batch, tail.head - cursor) if tail is not None and live else batch
-                events = await log.read(task_id, cursor - 1, limit)
-            except StoreUnavailable:
-                await outage.wait()
-                continue
-            if log.resets != resets:
-                return store_reset(task_id)
-            caught_up = len(events) < batch
-            if events:
-                if events[0].seq != cursor:
-                    return events_gone(task_id, events[0].seq)
-                delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
+            read = await _read(log, task_id, cursor, seat.limit(cursor, batch), resets, outage)
+            if isinstance(read, ProtocolError) or read == "ended":
+                return None if read == "ended" else read
+            if read == "goes_on":
+                seat.join(cursor)
+                cursor = await seat.wait(cursor, write)
+            elif read != "retry":
+                caught_up = len(read) < batch
+                delivered = await _deliver(frames.frames(read), delivered + len(read), write, on_batch)
                 pacer.wrote()
-                cursor = events[-1].seq + 1
+                cursor = read[-1].seq + 1
                 if caught_up:  # at the log's end (for now): from here on, the tail reads for the stream
-                    tail = _rejoin(tail, join, cursor)
-                continue
-            try:
-                bounds = await log.bounds(task_id)
-            except StoreUnavailable:
-                await outage.wait()
-                continue
-            outage.over()
-            if bounds is None or log.resets != resets:  # gone without its end: never a normal end
-                return store_reset(task_id)
-            if bounds.retained_from > cursor:
-                return events_gone(task_id, bounds.retained_from)
-            if bounds.sealed and cursor >= bounds.next_seq:
-                return None
-            # Caught up with a log that goes on: wait at its tail (a new one if this one stopped).
-            tail = _rejoin(tail, join, cursor)
-            followed, changed = await _follow(tail, cursor, direct, stopped)
-            delivered, cursor = delivered + followed - cursor, followed
-            if not changed:
-                await _keepalive(write, stop)
+                    seat.join(cursor)
         return None
     finally:
-        stopped.cancel()
-        if tail is not None:
-            tail.leave()
+        seat.leave()
 
 
-def _rejoin(tail: SharedTail | None, join: Callable[[int], SharedTail], cursor: int) -> SharedTail:
-    """The task's live tail for a stream at `cursor`: `tail`, unless the stream has none or it stopped."""
-    if tail is not None and not tail.retired:
-        return tail
-    if tail is not None:
-        tail.leave()
-    return join(cursor)
-
-
-async def _follow(
-    tail: SharedTail, cursor: int, write_now: WriteNow | None, stopped: asyncio.Future[Any]
-) -> tuple[int, bool]:
-    """Wait at the tail until the stream must act or `stopped`: the cursor then (past what the tail wrote
-    for the stream), and whether something changed (False: a quiet keep-alive interval passed)."""
-    follower = tail.follow(cursor, write_now)
-    waiter = follower.waiter
-
-    def on_stop(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(True)
-
-    stopped.add_done_callback(on_stop)
+async def _read(
+    log: EventLog, task_id: str, cursor: int, limit: int, resets: int, outage: _Outage
+) -> list[StoredEvent] | ProtocolError | Literal["ended", "goes_on", "retry"]:
+    """The next events from `cursor` (at most `limit`); if there are none, whether the stream ends (with
+    an error, or as complete) or waits for the log that goes on; "retry" after waiting out a store it
+    cannot read."""
     try:
-        changed = await waiter
-    finally:
-        stopped.remove_done_callback(on_stop)
-        if not waiter.done():  # cancelled: the tail must not write for the stream any more
-            waiter.cancel()
-    return follower.cursor, changed
+        events = await log.read(task_id, cursor - 1, limit)
+        if log.resets != resets:
+            return store_reset(task_id)
+        if events:
+            return events_gone(task_id, events[0].seq) if events[0].seq != cursor else events
+        bounds = await log.bounds(task_id)
+    except StoreUnavailable:
+        await outage.wait()
+        return "retry"
+    outage.over()
+    if bounds is None or log.resets != resets:  # gone without its end: never a normal end
+        return store_reset(task_id)
+    if bounds.retained_from > cursor:
+        return events_gone(task_id, bounds.retained_from)
+    return "ended" if bounds.sealed and cursor >= bounds.next_seq else "goes_on"
 
 
-async def _keepalive(write: Write, stop: asyncio.Event) -> None:
-    if not stop.is_set():
-        await write(sse.encode_comment("keepalive"))
+class _Seat:
+    """A stream's place at its task's shared tail, taken once the stream has caught up with the log (a
+    replay reads the log at its own pace), and taken again at a new tail if the one it had stopped."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        task_id: str,
+        write_now: WriteNow | None,
+        stop: asyncio.Event,
+        keepalive_s: float,
+        batch: int,
+        flush_interval_s: float,
+    ) -> None:
+        self._join = functools.partial(
+            SharedTail.join, log, task_id, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
+        )
+        self._write_now = write_now
+        self._stop = stop
+        self._stopped = asyncio.ensure_future(stop.wait())
+        self.tail: SharedTail | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.tail is not None and not self.tail.retired
+
+    def block_at(self, cursor: int) -> Block | None:
+        """The tail's latest block if it starts at `cursor`."""
+        block = None if self.tail is None else self.tail.block
+        return block if block is not None and block.first == cursor else None
+
+    def ahead(self, cursor: int) -> bool:
+        """Whether `cursor` is at or past the live tail's head: nothing to read that the tail has not."""
+        return self.tail is not None and not self.tail.retired and cursor >= self.tail.head
+
+    def limit(self, cursor: int, batch: int) -> int:
+        """Events to read from `cursor`: up to the live tail's head, never past it."""
+        return min(batch, self.tail.head - cursor) if self.tail is not None and not self.tail.retired else batch
+
+    def join(self, cursor: int) -> None:
+        if self.tail is not None and not self.tail.retired:
+            return
+        if self.tail is not None:
+            self.tail.leave()
+        self.tail = self._join(cursor)
+
+    async def wait(self, cursor: int, write: Write) -> int:
+        """Wait at the tail until the stream must act or stop; the cursor then (past what the tail wrote
+        for the stream). A quiet keep-alive interval writes a keep-alive."""
+        assert self.tail is not None
+        follower = self.tail.follow(cursor, self._write_now)
+        waiter = follower.waiter
+
+        def on_stop(_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(True)
+
+        self._stopped.add_done_callback(on_stop)
+        try:
+            changed = await waiter
+        finally:
+            self._stopped.remove_done_callback(on_stop)
+            if not waiter.done():  # cancelled: the tail must not write for the stream any more
+                waiter.cancel()
+        if not changed and not self._stop.is_set():
+            await write(sse.encode_comment("keepalive"))
+        return follower.cursor
+
+    def leave(self) -> None:
+        self._stopped.cancel()
+        if self.tail is not None:
+            self.tail.leave()
 
 
 async def _deliver(
