@@ -3,6 +3,7 @@
     python bench/tasks_stream.py replay  [--events 100000]
     python bench/tasks_stream.py resume  [--events 1000000]
     python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4] [--tree DIR ...]
+                                         [--flush-ms MS]
     python bench/tasks_stream.py frames  [--events 100000]
 
 replay and fanout run the real gateway as a subprocess in front of the example server (stdio) and
@@ -299,7 +300,9 @@ def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
 STAMP = re.compile(rb'"message":"t=([0-9.]+)"')
 
 
-async def bench_fanout(streams: int, rate: float, seconds: float, clients: int, trees: list[Path]) -> None:
+async def bench_fanout(
+    streams: int, rate: float, seconds: float, clients: int, trees: list[Path], flush_ms: float | None
+) -> None:
     print(f"\n## Live fan-out ({machine()})\n")
     print(
         "| tree | streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
@@ -307,7 +310,7 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int, 
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for tree in trees:
-        await fanout_run(streams, rate, seconds, clients, tree)
+        await fanout_run(streams, rate, seconds, clients, tree, flush_ms)
     print(
         "\nlatency = client receive time - the tool's timestamp, taken per delivery from its oldest event; "
         "CPU per delivery = the gateway's utime + stime (stime: in the kernel) from the clients' start to "
@@ -316,8 +319,12 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int, 
     )
 
 
-async def fanout_run(streams: int, rate: float, seconds: float, clients: int, tree: Path) -> None:
+async def fanout_run(
+    streams: int, rate: float, seconds: float, clients: int, tree: Path, flush_ms: float | None
+) -> None:
     config = f"[retention]\nmax_events_per_task = {int(rate * seconds) + 1000}\n"
+    if flush_ms is not None:
+        config += f"[tasks]\nstream_flush_interval_ms = {flush_ms}\n"
     async with (
         gateway_process(config, tree=tree) as (url, pid),
         aiohttp.ClientSession(headers=HEADERS) as http,
@@ -404,6 +411,7 @@ def main() -> None:
     fan.add_argument("--seconds", type=float, default=30)
     fan.add_argument("--clients", type=int, default=4)
     fan.add_argument("--tree", type=Path, action="append", help="a checkout whose gateway to run (repeatable)")
+    fan.add_argument("--flush-ms", type=float, help="[tasks] stream_flush_interval_ms (default: the gateway's)")
     sub.add_parser("frames").add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
     if args.bench == "replay":
@@ -413,7 +421,8 @@ def main() -> None:
     elif args.bench == "frames":
         bench_frames(args.events)
     else:
-        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients, args.tree or [ROOT]))
+        trees = args.tree or [ROOT]
+        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients, trees, args.flush_ms))
 
 
 if __name__ == "__main__":
