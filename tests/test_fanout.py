@@ -19,6 +19,7 @@ from gateway.events.log import MemoryEventLog
 from gateway.events.stream import run_stream
 from gateway.events.stream_frames import EventFrames, recorded_at
 from gateway.protocol import sse
+from gateway.protocol.jsonrpc import ProtocolError
 from gateway.protocol.names import RECORDED_AT_KEY, RELATED_TASK_KEY
 
 TASK = "task-1"
@@ -197,3 +198,22 @@ async def test_a_late_stream_replays_then_joins_the_shared_tail(first_seq: int) 
     assert late.chunks[-1] is early.chunks[-1], "once caught up, the late stream shares the block"
     await finish(log, tasks)
     assert late.seqs == list(range(first_seq, 7))
+
+
+async def test_events_trimmed_before_the_tail_reads_them_end_its_streams_with_events_gone() -> None:
+    now = [1000.0]
+    log = MemoryEventLog(1000, clock=lambda: now[0], max_event_age_s=10)
+    await log.create(TASK)
+    sinks = [Sink() for _ in range(STREAMS)]
+    tasks = await start(log, sinks, direct=True)
+    await log.append(TASK, [body(0)])
+    now[0] += 60  # aged out before the tail's read: it must neither spin nor publish
+    async with asyncio.timeout(WAIT_S):
+        outcomes = await asyncio.gather(*tasks)
+    for outcome in outcomes:
+        assert isinstance(outcome, ProtocolError) and outcome.data == {
+            "reason": "events_gone",
+            "taskId": TASK,
+            "earliestSeq": 1,
+        }, outcome
+    assert all(sink.seqs == [] for sink in sinks)

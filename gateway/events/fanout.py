@@ -172,8 +172,10 @@ class SharedTail:
                 # The streams meet the outage on their own reads, with their keep-alives, and start a new
                 # tail once the store answers again.
                 return
+            if log.resets != resets:
+                return  # the data set was replaced: each stream ends with its own store_reset
             if not events:
-                continue  # trimmed between the wait and the read: the next wait's bounds tell
+                return  # appended and trimmed already: each stream meets events_gone on its own read
             self.block = Block(events[0].seq, events[-1].seq + 1, self._frames.frames(events))
             self.head = self.block.end
             self.ticks += 1
