@@ -2,7 +2,8 @@
 
     python bench/tasks_stream.py replay  [--events 100000]
     python bench/tasks_stream.py resume  [--events 1000000]
-    python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4]
+    python bench/tasks_stream.py fanout  [--streams 500 --rate 1000 --seconds 30 --clients 4] [--tree DIR ...]
+                                         [--flush-ms MS]
     python bench/tasks_stream.py frames  [--events 100000]
 
 replay and fanout run the real gateway as a subprocess in front of the example server (stdio) and
@@ -10,7 +11,9 @@ read with raw aiohttp clients; resume fills an in-process gateway's log directly
 through an upstream would take minutes) and times the HTTP round trip to the first event; frames
 times building the SSE frames of stored events in process (the replay's CPU work per event, recording
 time included), with one event per millisecond (each time formatted anew) and ten (a burst). Each
-prints a markdown table; medians unless stated.
+prints a markdown table; medians unless stated. fanout runs the gateway of each `--tree` (a checkout;
+default this one) in turn, for a side-by-side comparison in one run, and reports the gateway's CPU
+(utime + stime from /proc) per delivered event.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.app import REGISTRY, build_app  # noqa: E402
 from gateway.config import Config  # noqa: E402
 from gateway.events.log import StoredEvent  # noqa: E402
-from gateway.events.stream import EventFrames  # noqa: E402
+from gateway.events.stream_frames import EventFrames  # noqa: E402
 from gateway.protocol.era import Era  # noqa: E402
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
@@ -65,8 +68,14 @@ def machine() -> str:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
+    return sum(cpu_times(pid))
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process so far, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def rss_kib(pid: int) -> int:
@@ -77,18 +86,20 @@ def rss_kib(pid: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(config_text: str, upstream: list[str] | None = None) -> AsyncIterator[tuple[str, int]]:
-    """The real gateway in front of `upstream` (its --upstream-* arguments; default: the stdio example
-    server); yields (url, pid)."""
+async def gateway_process(
+    config_text: str, upstream: list[str] | None = None, tree: Path = ROOT
+) -> AsyncIterator[tuple[str, int]]:
+    """The real gateway of `tree` (a checkout) in front of `upstream` (its --upstream-* arguments;
+    default: the stdio example server); yields (url, pid)."""
     port = free_port()
-    config = ROOT / f".bench-{port}.toml"
+    config = tree / f".bench-{port}.toml"
     # The stream path as docs/benchmarks.md reports it: on the memory store unless the bench names one.
     config.write_text(config_text if "[store]" in config_text else f'{config_text}\n[store]\nkind = "memory"\n')
-    upstream = upstream or ["--upstream-cmd", f"{sys.executable} {ROOT / 'examples' / 'build_server.py'}"]
+    upstream = upstream or ["--upstream-cmd", f"{sys.executable} {tree / 'examples' / 'build_server.py'}"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--config", str(config),
         "--listen", f"127.0.0.1:{port}", *upstream,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=tree,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -289,16 +300,43 @@ def fanout_client(url: str, task_id: str, streams: int, out: Any) -> None:
 STAMP = re.compile(rb'"message":"t=([0-9.]+)"')
 
 
-async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) -> None:
+async def bench_fanout(
+    streams: int, rate: float, seconds: float, clients: int, trees: list[Path], flush_ms: float | None
+) -> None:
+    print(f"\n## Live fan-out ({machine()})\n")
+    print(
+        "| tree | streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
+        "| gateway peak RSS | gateway CPU | gateway CPU per delivery | per live delivery |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for tree in trees:
+        await fanout_run(streams, rate, seconds, clients, tree, flush_ms)
+    print(
+        "\nlatency = client receive time - the tool's timestamp, taken per delivery from its oldest event; "
+        "CPU per delivery = the gateway's utime + stime (stime: in the kernel) from the clients' start to "
+        "their end, over the events delivered; per live delivery: the same from 30 % to 90 % of the task's "
+        "run (every stream connected and live), over streams x rate x that time"
+    )
+
+
+async def fanout_run(
+    streams: int, rate: float, seconds: float, clients: int, tree: Path, flush_ms: float | None
+) -> None:
     config = f"[retention]\nmax_events_per_task = {int(rate * seconds) + 1000}\n"
-    async with gateway_process(config) as (url, pid), aiohttp.ClientSession(headers=HEADERS) as http:
+    if flush_ms is not None:
+        config += f"[tasks]\nstream_flush_interval_ms = {flush_ms}\n"
+    async with (
+        gateway_process(config, tree=tree) as (url, pid),
+        aiohttp.ClientSession(headers=HEADERS) as http,
+    ):
         headers = await open_session(http, url)
         task_id = await start_task(http, url, headers, "ticker", {"rate": rate, "seconds": seconds})
+        window = asyncio.create_task(live_cpu(pid, seconds))
         queue: Any = multiprocessing.Queue()
         per_client = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
         procs = [multiprocessing.Process(target=fanout_client, args=(url, task_id, n, queue)) for n in per_client]
         peak = 0
-        cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+        cpu_before, wall_before = cpu_times(pid), time.monotonic()
         for proc in procs:
             proc.start()
         results: list[tuple[int, int, list[float]]] = []
@@ -308,29 +346,35 @@ async def bench_fanout(streams: int, rate: float, seconds: float, clients: int) 
             peak = max(peak, rss_kib(pid))
         for proc in procs:
             proc.join()
-        cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - wall_before)
+        live_s = await window
+        user, system = (after - before for after, before in zip(cpu_times(pid), cpu_before, strict=True))
+        cpu = (user + system) / (time.monotonic() - wall_before)
         final = await call(http, url, headers, "tasks/get", {"taskId": task_id})
         expected = max(last for _, last, _ in results) + 1
         complete = sum(1 for count, last, _ in results if count == expected and last == expected - 1)
+        delivered = sum(count for count, _, _ in results)
         latencies = sorted(value for _, _, lat in results for value in lat)
         p50 = latencies[len(latencies) // 2] * 1000
         p99 = latencies[int(len(latencies) * 0.99)] * 1000
-        print(f"\n## Live fan-out ({machine()})\n")
-        print(
-            "| streams | rate | seconds | events per stream | streams complete | p50 ms | p99 ms "
-            "| gateway peak RSS | gateway CPU |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
-        print(
-            f"| {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} | {p50:.1f} | {p99:.1f} "
-            f"| {peak / 1024:.0f} MiB | {cpu:.0%} of a core |"
-        )
         counts = sorted(count for count, _, _ in results)
-        print(f"\nevents received per stream: min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}")
         print(
-            f"task status {final['result']['status']}; latency = client receive time - the tool's timestamp, "
-            "taken per delivery from its oldest event"
+            f"| {tree.name} | {streams} | {rate:.0f}/s | {seconds:.0f} | {expected} | {complete}/{streams} "
+            f"| {p50:.1f} | {p99:.1f} | {peak / 1024:.0f} MiB | {cpu:.0%} of a core "
+            f"| {(user + system) / max(delivered, 1) * 1e6:.2f} µs "
+            f"({system / max(delivered, 1) * 1e6:.2f} in the kernel) | {live_s / streams / rate * 1e6:.2f} µs |",
+            flush=True,
         )
+        if complete < streams:
+            print(f"(events received per stream: min {counts[0]}, max {counts[-1]})", flush=True)
+        assert final["result"]["status"] == "completed", final
+
+
+async def live_cpu(pid: int, seconds: float) -> float:
+    """The gateway's CPU seconds per second of the task's run, from 30 % to 90 % of it."""
+    await asyncio.sleep(seconds * 0.3)
+    before, started = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(seconds * 0.6)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def bench_frames(events: int, batch: int = 256, runs: int = 15) -> None:
@@ -366,6 +410,8 @@ def main() -> None:
     fan.add_argument("--rate", type=float, default=1000)
     fan.add_argument("--seconds", type=float, default=30)
     fan.add_argument("--clients", type=int, default=4)
+    fan.add_argument("--tree", type=Path, action="append", help="a checkout whose gateway to run (repeatable)")
+    fan.add_argument("--flush-ms", type=float, help="[tasks] stream_flush_interval_ms (default: the gateway's)")
     sub.add_parser("frames").add_argument("--events", type=int, default=100_000)
     args = parser.parse_args()
     if args.bench == "replay":
@@ -375,7 +421,8 @@ def main() -> None:
     elif args.bench == "frames":
         bench_frames(args.events)
     else:
-        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients))
+        trees = args.tree or [ROOT]
+        asyncio.run(bench_fanout(args.streams, args.rate, args.seconds, args.clients, trees, args.flush_ms))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.edge import checks
-from gateway.events.stream import recorded_at
+from gateway.events.stream_frames import recorded_at
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, MODERN
 from gateway.protocol.envelope import HeaderValues, check_modern_request, decode_header_value

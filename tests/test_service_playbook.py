@@ -173,6 +173,10 @@ class Recorder:
     async def write(self, data: bytes) -> None:
         self.sse += data
 
+    def write_now(self, data: bytes) -> bool:
+        self.sse += data
+        return True
+
     async def keepalive(self) -> None:
         pass
 

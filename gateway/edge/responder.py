@@ -96,6 +96,29 @@ class Responder:
             self._metrics.slow_clients.inc()
             raise SlowClient from None
 
+    def write_now(self, data: bytes) -> bool:
+        """Write SSE bytes at once if the connection takes them without waiting: the response is
+        committed and its buffer stays under the transport's high-water mark, so the write cannot block
+        (nor meet the write timeout). False, with nothing written, otherwise: the caller writes with
+        `write`, which waits, within the timeout. A shared tail writes a block to many streams this way,
+        in one pass (`gateway.events.fanout`)."""
+        if self._gone:
+            return True
+        stream, transport = self.stream, self._request.transport
+        if stream is None or transport is None or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size() + len(data) > transport.get_write_buffer_limits()[1]:
+            return False
+        # StreamResponse.write hands the bytes to the transport before anything it may await (a drain,
+        # which waits only over the high-water mark, checked above): run it to its end or first wait.
+        writing = stream.write(data)
+        try:
+            writing.send(None)
+        except StopIteration:
+            return True
+        writing.close()
+        return True
+
     async def send(self, messages: list[Message]) -> None:
         for message in messages:
             if "method" in message:

@@ -75,6 +75,7 @@ async def _deliver(plan: StreamEvents, responder: Responder) -> Message:
         batch=plan.replay_batch,
         on_batch=progress if token is not None else None,
         flush_interval_s=plan.flush_interval_s,
+        write_now=responder.write_now,
     )
     if plan.stop.is_set():
         return jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")

@@ -14,18 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
+from gateway.events.fanout import Block, SharedTail, WriteNow
 from gateway.events.log import EventLog, LogBounds, StoredEvent, StoreUnavailable
+from gateway.events.stream_frames import EventFrames
 from gateway.pacing import WritePacer
 from gateway.protocol import jsonrpc, sse
 from gateway.protocol.jsonrpc import EVENTS_GONE, Message, ProtocolError
-from gateway.protocol.names import RECORDED_AT_KEY, RELATED_TASK_KEY
 
 MAX_SEQ = 2**63 - 1
 """The largest sequence number (stores keep seqs as signed 64-bit integers)."""
@@ -107,55 +107,6 @@ def plan_stream(task_id: str, after: int | None, bounds: LogBounds) -> StreamSta
     return StreamStart(after + 1)
 
 
-def recorded_at(created: float) -> bytes:
-    """`created` (seconds since the epoch) as UTC ISO 8601 with milliseconds, e.g. ``2026-12-01T09:43:00.123Z``.
-
-    Rounding is monotonic, so times that never decrease keep never decreasing once formatted.
-    """
-    return _millisecond_stamp(round(created * 1000))
-
-
-def _millisecond_stamp(millis: int) -> bytes:
-    second, millisecond = divmod(millis, 1000)
-    return b"%s.%03dZ" % (_utc_second(second), millisecond)
-
-
-@functools.lru_cache(maxsize=4)
-def _utc_second(second: int) -> bytes:
-    # A replay formats many events of the same second: strftime once per second, not once per event.
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
-
-
-class EventFrames:
-    """Builds `notifications/tasks/event` SSE frames for one task from stored event bodies.
-
-    Each event's `_meta` carries the related task (SEP-2694's MUST) and the time the gateway recorded it.
-    """
-
-    def __init__(self, task_id: str) -> None:
-        quoted = orjson.dumps(task_id)
-        head = b'{"jsonrpc":"2.0","method":"notifications/tasks/event","params":{"seq":'
-        self._middle = b',"taskId":' + quoted + b","
-        meta = b',"_meta":{"' + RELATED_TASK_KEY.encode() + b'":{"taskId":' + quoted + b"}"
-        self._meta_open = meta + b',"' + RECORDED_AT_KEY.encode() + b'":"'
-        # The same frame as sse.encode_message(message), split around the varying parts.
-        self._open_frame, close_frame = sse.encode_message(head + b"\0").split(b"\0")
-        self._meta_close = b'"}}}' + close_frame
-
-    def frames(self, events: list[StoredEvent]) -> bytes:
-        """SSE frames for a batch, joined once (the replay hot path: no per-event concatenation)."""
-        open_frame, middle, meta_open, meta_close = self._open_frame, self._middle, self._meta_open, self._meta_close
-        parts: list[bytes] = []
-        # The events of a burst share their millisecond: format each distinct one once.
-        last_millis, stamp = -1, b""
-        for event in events:
-            millis = round(event.created * 1000)
-            if millis != last_millis:
-                last_millis, stamp = millis, _millisecond_stamp(millis)
-            parts += (open_frame, b"%d" % event.seq, middle, event.body, meta_open, stamp, meta_close)
-        return b"".join(parts)
-
-
 Write = Callable[[bytes], Awaitable[None]]
 
 
@@ -170,13 +121,15 @@ async def run_stream(
     batch: int,
     on_batch: Callable[[int], Awaitable[None]] | None = None,
     flush_interval_s: float,
+    write_now: WriteNow | None = None,
 ) -> ProtocolError | None:
     """Deliver events from `first_seq` on, replay then live, in one loop.
 
     Returns None once the log is sealed and everything in it was delivered (the caller sends the empty
-    result), or as soon as `stop` is set by a cancellation, an events_gone ProtocolError when retention
-    overtook the cursor, and a store_reset one when the store lost the log. While the store cannot be
-    read, the stream waits for it (keep-alives every `keepalive_s`).
+    result) or `stop` is set (a cancellation); an events_gone ProtocolError when retention overtook the
+    cursor, a store_reset one when the store lost the log. While the store cannot be read, the stream
+    waits for it (keep-alives every `keepalive_s`). Once caught up, it waits at the task's shared tail,
+    which writes for it with `write_now` if given (and no `on_batch`): `gateway.events.fanout`.
     """
     frames = EventFrames(task_id)
     cursor, delivered = first_seq, 0
@@ -184,41 +137,137 @@ async def run_stream(
     caught_up = False
     resets = log.resets
     outage = _Outage(write, keepalive_s, stop)
-    while not stop.is_set():
-        if caught_up and (pause := pacer.pause()) > 0:
-            # Live tail: a stream writes at most once per interval, so fan-out to many streams costs
-            # a bounded number of writes per second however fast the task produces events.
-            await asyncio.sleep(pause)
-        try:
-            events = await log.read(task_id, cursor - 1, batch)
-        except StoreUnavailable:
-            await outage.wait()
-            continue
+    # The tail writes for the stream only without on_batch (it moves the cursor, `delivered` is not told).
+    seat = _Seat(log, task_id, write_now if on_batch is None else None, stop, keepalive_s, batch, flush_interval_s)
+    try:
+        while not stop.is_set():
+            block = seat.block_at(cursor)
+            if block is not None and log.resets == resets:
+                # Caught up: the task's new frames, encoded once for all its streams, written as they are.
+                delivered = await _deliver(block.frames, delivered + block.end - cursor, write, on_batch)
+                cursor = block.end
+                continue
+            if seat.ahead(cursor):
+                # Never read past the tail: the stream would run ahead of its blocks and never share them.
+                cursor = await seat.wait(cursor, write)
+                continue
+            if not seat.live and caught_up and (pause := pacer.pause()) > 0:
+                # Without a tail, at most one write per interval: a bounded number of writes per second.
+                await asyncio.sleep(pause)
+            read = await _read(log, task_id, cursor, seat.limit(cursor, batch), resets, outage)
+            if isinstance(read, ProtocolError) or read == "ended":
+                return None if read == "ended" else read
+            if read == "goes_on":
+                seat.join(cursor)
+                cursor = await seat.wait(cursor, write)
+            elif read != "retry":
+                caught_up = len(read) < batch
+                delivered = await _deliver(frames.frames(read), delivered + len(read), write, on_batch)
+                pacer.wrote()
+                cursor = read[-1].seq + 1
+                if caught_up:  # at the log's end (for now): from here on, the tail reads for the stream
+                    seat.join(cursor)
+        return None
+    finally:
+        seat.leave()
+
+
+async def _read(
+    log: EventLog, task_id: str, cursor: int, limit: int, resets: int, outage: _Outage
+) -> list[StoredEvent] | ProtocolError | Literal["ended", "goes_on", "retry"]:
+    """The next events from `cursor` (at most `limit`); if there are none, whether the stream ends (with
+    an error, or as complete) or waits for the log that goes on; "retry" after waiting out a store it
+    cannot read."""
+    try:
+        events = await log.read(task_id, cursor - 1, limit)
         if log.resets != resets:
             return store_reset(task_id)
-        caught_up = len(events) < batch
         if events:
-            if events[0].seq != cursor:
-                return events_gone(task_id, events[0].seq)
-            delivered = await _deliver(frames.frames(events), delivered + len(events), write, on_batch)
-            pacer.wrote()
-            cursor = events[-1].seq + 1
-            continue
+            return events_gone(task_id, events[0].seq) if events[0].seq != cursor else events
+        bounds = await log.bounds(task_id)
+    except StoreUnavailable:
+        await outage.wait()
+        return "retry"
+    outage.over()
+    if bounds is None or log.resets != resets:  # gone without its end: never a normal end
+        return store_reset(task_id)
+    if bounds.retained_from > cursor:
+        return events_gone(task_id, bounds.retained_from)
+    return "ended" if bounds.sealed and cursor >= bounds.next_seq else "goes_on"
+
+
+class _Seat:
+    """A stream's place at its task's shared tail, taken once the stream has caught up with the log (a
+    replay reads the log at its own pace), and taken again at a new tail if the one it had stopped."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        task_id: str,
+        write_now: WriteNow | None,
+        stop: asyncio.Event,
+        keepalive_s: float,
+        batch: int,
+        flush_interval_s: float,
+    ) -> None:
+        self._join = functools.partial(
+            SharedTail.join, log, task_id, keepalive_s=keepalive_s, batch=batch, flush_interval_s=flush_interval_s
+        )
+        self._write_now = write_now
+        self._stop = stop
+        self._stopped = asyncio.ensure_future(stop.wait())
+        self.tail: SharedTail | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.tail is not None and not self.tail.retired
+
+    def block_at(self, cursor: int) -> Block | None:
+        """The tail's latest block if it starts at `cursor`."""
+        block = None if self.tail is None else self.tail.block
+        return block if block is not None and block.first == cursor else None
+
+    def ahead(self, cursor: int) -> bool:
+        """Whether `cursor` is at or past the live tail's head: nothing to read that the tail has not."""
+        return self.tail is not None and not self.tail.retired and cursor >= self.tail.head
+
+    def limit(self, cursor: int, batch: int) -> int:
+        """Events to read from `cursor`: up to the live tail's head, never past it."""
+        return min(batch, self.tail.head - cursor) if self.tail is not None and not self.tail.retired else batch
+
+    def join(self, cursor: int) -> None:
+        if self.tail is not None and not self.tail.retired:
+            return
+        if self.tail is not None:
+            self.tail.leave()
+        self.tail = self._join(cursor)
+
+    async def wait(self, cursor: int, write: Write) -> int:
+        """Wait at the tail until the stream must act or stop; the cursor then (past what the tail wrote
+        for the stream). A quiet keep-alive interval writes a keep-alive."""
+        assert self.tail is not None
+        follower = self.tail.follow(cursor, self._write_now)
+        waiter = follower.waiter
+
+        def on_stop(_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(True)
+
+        self._stopped.add_done_callback(on_stop)
         try:
-            bounds = await log.bounds(task_id)
-        except StoreUnavailable:
-            await outage.wait()
-            continue
-        outage.over()
-        if bounds is None or log.resets != resets:  # gone without its end: never a normal end
-            return store_reset(task_id)
-        if bounds.retained_from > cursor:
-            return events_gone(task_id, bounds.retained_from)
-        if bounds.sealed and cursor >= bounds.next_seq:
-            return None
-        if not await _wait(log, task_id, cursor - 1, keepalive_s, stop) and not stop.is_set():
+            changed = await waiter
+        finally:
+            self._stopped.remove_done_callback(on_stop)
+            if not waiter.done():  # cancelled: the tail must not write for the stream any more
+                waiter.cancel()
+        if not changed and not self._stop.is_set():
             await write(sse.encode_comment("keepalive"))
-    return None
+        return follower.cursor
+
+    def leave(self) -> None:
+        self._stopped.cancel()
+        if self.tail is not None:
+            self.tail.leave()
 
 
 async def _deliver(
@@ -256,15 +305,3 @@ class _Outage:
 
     def over(self) -> None:
         self._delay = STORE_RETRY_INITIAL_S
-
-
-async def _wait(log: EventLog, task_id: str, after: int, timeout: float, stop: asyncio.Event) -> bool:
-    """Wait for the log to grow past `after` (or be sealed), for `stop`, or for the keepalive interval."""
-    grow = asyncio.ensure_future(log.wait(task_id, after, timeout))
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        done, _ = await asyncio.wait({grow, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        grow.cancel()
-        stopped.cancel()
-    return grow in done and grow.result()
