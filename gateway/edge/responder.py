@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-import orjson
 from aiohttp import web
 
 from gateway.metrics import Metrics
-from gateway.protocol import sse
+from gateway.protocol import jsonrpc, sse
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.replay import ReplayStream, SessionStreams
@@ -28,7 +27,8 @@ SSE_HEADERS = {
 
 
 def json_response(message: object, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(message), status=status, content_type="application/json", headers=headers)
+    # A message from the upstream that nothing rewrote goes out as the bytes it came as (`jsonrpc.encode`).
+    return web.Response(body=jsonrpc.encode(message), status=status, content_type="application/json", headers=headers)
 
 
 class SlowClient(Exception):
@@ -101,7 +101,7 @@ class Responder:
             if "method" in message:
                 self._metrics.count_forwarded(message["method"])
         if self._streams is None:
-            await self.write(b"".join(sse.encode_message(orjson.dumps(message)) for message in messages))
+            await self.write(b"".join(sse.encode_message(jsonrpc.encode(message)) for message in messages))
             return
         replay = self._replay(self._streams)
         await self.write(replay.record(messages))
