@@ -13,6 +13,10 @@ for direct HTTP, gateway→HTTP upstream, direct stdio and gateway→stdio, in l
 gateway's share is visible. Prints markdown tables; ``--json`` also writes the numbers to a file.
 
     python bench/forwarding.py [--calls 500] [--burst 5000] [--json out.json]
+
+``--burst-rounds R`` measures only the burst, raw client, HTTP upstream, both eras: direct, this tree's
+gateway and (with ``--base-tree DIR``) another checkout's gateway in front of the same upstream, in turn,
+R rounds; it prints each round and the median rate ratio (gateway / direct of the same round).
 """
 
 from __future__ import annotations
@@ -146,12 +150,13 @@ class Proc:
             return ""
 
 
-def spawn(name: str, argv: list[str], logdir: Path) -> Proc:
+def spawn(name: str, argv: list[str], logdir: Path, cwd: Path = ROOT) -> Proc:
+    """`argv` run in `cwd` (for `python -m gateway`, the checkout whose code runs)."""
     log = logdir / f"{name}.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -583,6 +588,75 @@ async def run(calls: int, burst_n: int, logdir: Path, progress: Callable[[str], 
     return report
 
 
+async def burst_rounds(
+    burst_n: int, rounds: int, base_tree: Path | None, logdir: Path, progress: Callable[[str], None]
+) -> list[Json]:
+    """`--burst-rounds`: one row per burst (round, mode, path, delivered, seconds, rate)."""
+    config = logdir / "gateway.toml"
+    config.write_text('[store]\nkind = "memory"\n')
+    python = sys.executable
+    upstream_port = free_port()
+    urls = {"direct": f"http://127.0.0.1:{upstream_port}/mcp"}
+    trees = {"gateway": ROOT, **({"base": base_tree} if base_tree is not None else {})}
+    procs: list[Proc] = []
+    try:
+        argv = [python, str(SERVER), "--http", "--host", "127.0.0.1", "--port", str(upstream_port)]
+        procs.append(spawn("upstream-http", argv, logdir))
+        await wait_until_ready(procs[-1], upstream_port, None)
+        for name, tree in trees.items():
+            port = free_port()
+            serve = [
+                "serve",
+                "--config",
+                str(config),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream-url",
+                urls["direct"],
+            ]
+            procs.append(spawn(f"gateway-{name}", [python, "-m", "gateway", *serve], logdir, cwd=tree))
+            await wait_until_ready(procs[-1], port, "/healthz")
+            urls[name] = f"http://127.0.0.1:{port}/mcp"
+        rows: list[Json] = []
+        for round_ in range(1, rounds + 1):
+            for mode in MODES:
+                for path, url in urls.items():
+                    progress(f"round {round_} {mode} {path}")
+                    m = await _guarded(measure_raw(RawHttpClient(url, mode), mode, 0, burst_n), "raw", mode)
+                    burst = m.burst or Burst(requested=burst_n, delivered=0, seconds=0.0, error=m.error)
+                    rows.append({"round": round_, "mode": mode, "path": path, **asdict(burst), "rate": burst.rate})
+        return rows
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def render_rounds(rows: list[Json]) -> str:
+    paths = list(dict.fromkeys(row["path"] for row in rows))
+    lines = [
+        "| mode | round | "
+        + " | ".join(f"{path} /s (delivered)" for path in paths)
+        + " | "
+        + " | ".join(f"{path}/direct" for path in paths[1:])
+        + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in paths) + " | " + " | ".join("---:" for _ in paths[1:]) + " |",
+    ]
+    for mode in MODES:
+        ratios: dict[str, list[float]] = {path: [] for path in paths[1:]}
+        for round_ in sorted({row["round"] for row in rows}):
+            cell = {row["path"]: row for row in rows if row["mode"] == mode and row["round"] == round_}
+            direct = cell["direct"]["rate"]
+            for path in paths[1:]:
+                ratios[path].append(cell[path]["rate"] / direct)
+            rates = " | ".join(f"{cell[p]['rate']:.0f} ({cell[p]['delivered']})" for p in paths)
+            lines.append(
+                f"| {mode} | {round_} | {rates} | " + " | ".join(f"{r[-1]:.2f}" for r in ratios.values()) + " |"
+            )
+        medians = " | ".join(f"**{statistics.median(r):.2f}**" for r in ratios.values())
+        lines.append(f"| {mode} | median | " + " | ".join("" for _ in paths) + f" | {medians} |")
+    return "\n".join(lines)
+
+
 async def _guarded(work: Awaitable[Measurement], client: str, mode: Mode) -> Measurement:
     """A failing path is reported in the table instead of aborting the whole run."""
     try:
@@ -694,11 +768,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=5000, help="progress notifications per burst (default 5000)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--burst-rounds", type=int, default=0, help="only the HTTP burst, this many rounds")
+    parser.add_argument("--base-tree", type=Path, default=None, help="with --burst-rounds: a checkout to compare")
     args = parser.parse_args(argv)
 
     def progress(text: str) -> None:
         if not args.quiet:
             print(f"… {text}", file=sys.stderr, flush=True)
+
+    if args.burst_rounds:
+        with tempfile.TemporaryDirectory(prefix="bench-forwarding-") as tmp:
+            base = args.base_tree.resolve() if args.base_tree is not None else None
+            rows = asyncio.run(burst_rounds(args.burst, args.burst_rounds, base, Path(tmp), progress))
+        print(render_rounds(rows))
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        return 1 if any(row["error"] or row["delivered"] != row["requested"] for row in rows) else 0
 
     with tempfile.TemporaryDirectory(prefix="bench-forwarding-") as tmp:
         report = asyncio.run(run(args.calls, args.burst, Path(tmp), progress))

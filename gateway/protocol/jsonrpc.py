@@ -1,7 +1,9 @@
 """JSON-RPC 2.0 message kinds, error codes and error construction.
 
 Messages stay plain dicts parsed by orjson: the gateway routes on a few fields and forwards the rest
-untouched. This module must not do I/O or know about transports.
+untouched. One parsed from an upstream (`received`) also keeps its bytes, and `encode` writes those
+bytes again while nothing has rewritten it, instead of serialising it. This module must not do I/O or
+know about transports.
 """
 
 from __future__ import annotations
