@@ -44,6 +44,10 @@ import aiohttp
 from mcp import Client, StdioServerParameters
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.tasks_stream import cpu_seconds  # noqa: E402
+
 SERVER = ROOT / "examples" / "build_server.py"
 LEGACY_VERSION = "2025-11-25"
 MODERN_VERSION = "2026-07-28"
@@ -540,21 +544,26 @@ async def measure_raw(client: RawClient, mode: Mode, calls: int, burst_n: int) -
             await client.call_tool("echo", {"text": "ping"})
 
         m.latency = await latency_loop(echo, calls, warmup=max(20, calls // 10))
-        delivered = 0
-
-        def on_notification(message: Json) -> None:
-            nonlocal delivered
-            if message.get("method") == "notifications/progress":
-                delivered += 1
-
-        start = time.perf_counter()
-        error: str | None = None
-        try:
-            await client.call_tool("burst", {"n": burst_n}, on_notification)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        m.burst = Burst(requested=burst_n, delivered=delivered, seconds=time.perf_counter() - start, error=error)
+        m.burst = await timed_burst(client, burst_n)
     return m
+
+
+async def timed_burst(client: RawClient, burst_n: int) -> Burst:
+    """`burst(burst_n)` on an open raw client: progress notifications delivered, seconds to the result."""
+    delivered = 0
+
+    def on_notification(message: Json) -> None:
+        nonlocal delivered
+        if message.get("method") == "notifications/progress":
+            delivered += 1
+
+    start = time.perf_counter()
+    error: str | None = None
+    try:
+        await client.call_tool("burst", {"n": burst_n}, on_notification)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return Burst(requested=burst_n, delivered=delivered, seconds=time.perf_counter() - start, error=error)
 
 
 async def run(calls: int, burst_n: int, logdir: Path, progress: Callable[[str], None]) -> Report:
@@ -597,6 +606,7 @@ async def burst_rounds(
     python = sys.executable
     upstream_port = free_port()
     urls = {"direct": f"http://127.0.0.1:{upstream_port}/mcp"}
+    pids: dict[str, int] = {}
     trees = {"gateway": ROOT, **({"base": base_tree} if base_tree is not None else {})}
     procs: list[Proc] = []
     try:
@@ -617,14 +627,21 @@ async def burst_rounds(
             procs.append(spawn(f"gateway-{name}", [python, "-m", "gateway", *serve], logdir, cwd=tree))
             await wait_until_ready(procs[-1], port, "/healthz")
             urls[name] = f"http://127.0.0.1:{port}/mcp"
+            pids[name] = procs[-1].popen.pid
         rows: list[Json] = []
         for round_ in range(1, rounds + 1):
             for mode in MODES:
                 for path, url in urls.items():
                     progress(f"round {round_} {mode} {path}")
-                    m = await _guarded(measure_raw(RawHttpClient(url, mode), mode, 0, burst_n), "raw", mode)
-                    burst = m.burst or Burst(requested=burst_n, delivered=0, seconds=0.0, error=m.error)
-                    rows.append({"round": round_, "mode": mode, "path": path, **asdict(burst), "rate": burst.rate})
+                    async with RawHttpClient(url, mode) as client:
+                        await client.call_tool("echo", {"text": "ping"})
+                        pid = pids.get(path)
+                        cpu_before = cpu_seconds(pid) if pid else 0.0
+                        burst = await timed_burst(client, burst_n)
+                        cpu_s = cpu_seconds(pid) - cpu_before if pid else math.nan
+                    row = {"round": round_, "mode": mode, "path": path, **asdict(burst), "rate": burst.rate}
+                    row["gateway_cpu_us_per_notification"] = cpu_s * 1e6 / max(burst.delivered, 1)
+                    rows.append(row)
         return rows
     finally:
         for proc in reversed(procs):
@@ -654,6 +671,11 @@ def render_rounds(rows: list[Json]) -> str:
             )
         medians = " | ".join(f"**{statistics.median(r):.2f}**" for r in ratios.values())
         lines.append(f"| {mode} | median | " + " | ".join("" for _ in paths) + f" | {medians} |")
+    lines += ["", "Gateway CPU (utime + stime from /proc) per delivered notification, µs, median over rounds:", ""]
+    for mode in MODES:
+        for path in paths[1:]:
+            cpu = [r["gateway_cpu_us_per_notification"] for r in rows if r["mode"] == mode and r["path"] == path]
+            lines.append(f"- {mode} {path}: **{statistics.median(cpu):.1f}** ({' / '.join(f'{c:.1f}' for c in cpu)})")
     return "\n".join(lines)
 
 
