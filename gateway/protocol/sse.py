@@ -147,7 +147,7 @@ class SseParser:
     def _dispatch(self) -> SseEvent | None:
         event = None
         if self._has_data or self._id is not None or self._retry is not None:
-            raw = b"\n".join(self._data)
+            raw = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
             event = SseEvent(
                 data=raw.decode("utf-8", errors="replace"),
                 event=self._event or "message",
