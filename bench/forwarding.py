@@ -13,6 +13,10 @@ for direct HTTP, gateway→HTTP upstream, direct stdio and gateway→stdio, in l
 gateway's share is visible. Prints markdown tables; ``--json`` also writes the numbers to a file.
 
     python bench/forwarding.py [--calls 500] [--burst 5000] [--json out.json]
+
+``--burst-rounds R`` measures only the burst, raw client, HTTP upstream, both eras: direct, this tree's
+gateway and (with ``--base-tree DIR``) another checkout's gateway in front of the same upstream, in turn,
+R rounds; it prints each round and the median rate ratio (gateway / direct of the same round).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ import aiohttp
 from mcp import Client, StdioServerParameters
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.tasks_stream import cpu_seconds  # noqa: E402
+
 SERVER = ROOT / "examples" / "build_server.py"
 LEGACY_VERSION = "2025-11-25"
 MODERN_VERSION = "2026-07-28"
@@ -146,12 +154,13 @@ class Proc:
             return ""
 
 
-def spawn(name: str, argv: list[str], logdir: Path) -> Proc:
+def spawn(name: str, argv: list[str], logdir: Path, cwd: Path = ROOT) -> Proc:
+    """`argv` run in `cwd` (for `python -m gateway`, the checkout whose code runs)."""
     log = logdir / f"{name}.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -535,21 +544,26 @@ async def measure_raw(client: RawClient, mode: Mode, calls: int, burst_n: int) -
             await client.call_tool("echo", {"text": "ping"})
 
         m.latency = await latency_loop(echo, calls, warmup=max(20, calls // 10))
-        delivered = 0
-
-        def on_notification(message: Json) -> None:
-            nonlocal delivered
-            if message.get("method") == "notifications/progress":
-                delivered += 1
-
-        start = time.perf_counter()
-        error: str | None = None
-        try:
-            await client.call_tool("burst", {"n": burst_n}, on_notification)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        m.burst = Burst(requested=burst_n, delivered=delivered, seconds=time.perf_counter() - start, error=error)
+        m.burst = await timed_burst(client, burst_n)
     return m
+
+
+async def timed_burst(client: RawClient, burst_n: int) -> Burst:
+    """`burst(burst_n)` on an open raw client: progress notifications delivered, seconds to the result."""
+    delivered = 0
+
+    def on_notification(message: Json) -> None:
+        nonlocal delivered
+        if message.get("method") == "notifications/progress":
+            delivered += 1
+
+    start = time.perf_counter()
+    error: str | None = None
+    try:
+        await client.call_tool("burst", {"n": burst_n}, on_notification)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return Burst(requested=burst_n, delivered=delivered, seconds=time.perf_counter() - start, error=error)
 
 
 async def run(calls: int, burst_n: int, logdir: Path, progress: Callable[[str], None]) -> Report:
@@ -581,6 +595,88 @@ async def run(calls: int, burst_n: int, logdir: Path, progress: Callable[[str], 
                 m.upstream, m.path = upstream, path
                 report.measurements.append(m)
     return report
+
+
+async def burst_rounds(
+    burst_n: int, rounds: int, base_tree: Path | None, logdir: Path, progress: Callable[[str], None]
+) -> list[Json]:
+    """`--burst-rounds`: one row per burst (round, mode, path, delivered, seconds, rate)."""
+    config = logdir / "gateway.toml"
+    config.write_text('[store]\nkind = "memory"\n')
+    python = sys.executable
+    upstream_port = free_port()
+    urls = {"direct": f"http://127.0.0.1:{upstream_port}/mcp"}
+    pids: dict[str, int] = {}
+    trees = {"gateway": ROOT, **({"base": base_tree} if base_tree is not None else {})}
+    procs: list[Proc] = []
+    try:
+        argv = [python, str(SERVER), "--http", "--host", "127.0.0.1", "--port", str(upstream_port)]
+        procs.append(spawn("upstream-http", argv, logdir))
+        await wait_until_ready(procs[-1], upstream_port, None)
+        for name, tree in trees.items():
+            port = free_port()
+            serve = [
+                "serve",
+                "--config",
+                str(config),
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream-url",
+                urls["direct"],
+            ]
+            procs.append(spawn(f"gateway-{name}", [python, "-m", "gateway", *serve], logdir, cwd=tree))
+            await wait_until_ready(procs[-1], port, "/healthz")
+            urls[name] = f"http://127.0.0.1:{port}/mcp"
+            pids[name] = procs[-1].popen.pid
+        rows: list[Json] = []
+        for round_ in range(1, rounds + 1):
+            for mode in MODES:
+                for path, url in urls.items():
+                    progress(f"round {round_} {mode} {path}")
+                    async with RawHttpClient(url, mode) as client:
+                        await client.call_tool("echo", {"text": "ping"})
+                        pid = pids.get(path)
+                        cpu_before = cpu_seconds(pid) if pid else 0.0
+                        burst = await timed_burst(client, burst_n)
+                        cpu_s = cpu_seconds(pid) - cpu_before if pid else math.nan
+                    row = {"round": round_, "mode": mode, "path": path, **asdict(burst), "rate": burst.rate}
+                    row["gateway_cpu_us_per_notification"] = cpu_s * 1e6 / max(burst.delivered, 1)
+                    rows.append(row)
+        return rows
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+
+def render_rounds(rows: list[Json]) -> str:
+    paths = list(dict.fromkeys(row["path"] for row in rows))
+    lines = [
+        "| mode | round | "
+        + " | ".join(f"{path} /s (delivered)" for path in paths)
+        + " | "
+        + " | ".join(f"{path}/direct" for path in paths[1:])
+        + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in paths) + " | " + " | ".join("---:" for _ in paths[1:]) + " |",
+    ]
+    for mode in MODES:
+        ratios: dict[str, list[float]] = {path: [] for path in paths[1:]}
+        for round_ in sorted({row["round"] for row in rows}):
+            cell = {row["path"]: row for row in rows if row["mode"] == mode and row["round"] == round_}
+            direct = cell["direct"]["rate"]
+            for path in paths[1:]:
+                ratios[path].append(cell[path]["rate"] / direct)
+            rates = " | ".join(f"{cell[p]['rate']:.0f} ({cell[p]['delivered']})" for p in paths)
+            lines.append(
+                f"| {mode} | {round_} | {rates} | " + " | ".join(f"{r[-1]:.2f}" for r in ratios.values()) + " |"
+            )
+        medians = " | ".join(f"**{statistics.median(r):.2f}**" for r in ratios.values())
+        lines.append(f"| {mode} | median | " + " | ".join("" for _ in paths) + f" | {medians} |")
+    lines += ["", "Gateway CPU (utime + stime from /proc) per delivered notification, µs, median over rounds:", ""]
+    for mode in MODES:
+        for path in paths[1:]:
+            cpu = [r["gateway_cpu_us_per_notification"] for r in rows if r["mode"] == mode and r["path"] == path]
+            lines.append(f"- {mode} {path}: **{statistics.median(cpu):.1f}** ({' / '.join(f'{c:.1f}' for c in cpu)})")
+    return "\n".join(lines)
 
 
 async def _guarded(work: Awaitable[Measurement], client: str, mode: Mode) -> Measurement:
@@ -694,11 +790,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=5000, help="progress notifications per burst (default 5000)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--burst-rounds", type=int, default=0, help="only the HTTP burst, this many rounds")
+    parser.add_argument("--base-tree", type=Path, default=None, help="with --burst-rounds: a checkout to compare")
     args = parser.parse_args(argv)
 
     def progress(text: str) -> None:
         if not args.quiet:
             print(f"… {text}", file=sys.stderr, flush=True)
+
+    if args.burst_rounds:
+        with tempfile.TemporaryDirectory(prefix="bench-forwarding-") as tmp:
+            base = args.base_tree.resolve() if args.base_tree is not None else None
+            rows = asyncio.run(burst_rounds(args.burst, args.burst_rounds, base, Path(tmp), progress))
+        print(render_rounds(rows))
+        if args.json is not None:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        return 1 if any(row["error"] or row["delivered"] != row["requested"] for row in rows) else 0
 
     with tempfile.TemporaryDirectory(prefix="bench-forwarding-") as tmp:
         report = asyncio.run(run(args.calls, args.burst, Path(tmp), progress))

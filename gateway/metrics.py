@@ -288,12 +288,12 @@ class Metrics:
             setattr(self, spec.attribute, spec.build(self.registry))
         self._forwarded_children: dict[str, Any] = {}
 
-    def count_forwarded(self, method: str) -> None:
-        """Count one forwarded notification; label children are cached (this runs once per message)."""
+    def count_forwarded(self, method: str, count: int = 1) -> None:
+        """Count forwarded notifications of one method; label children are cached (this runs per batch)."""
         child = self._forwarded_children.get(method)
         if child is None:
             child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
-        child.inc()
+        child.inc(count)
 
     def count_timeout(self, method: str) -> None:
         self.request_timeouts.labels(method=method).inc()

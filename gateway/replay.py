@@ -22,8 +22,6 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
-import orjson
-
 from gateway.buffers import BufferBudget
 from gateway.config import ResumeConfig
 from gateway.protocol import jsonrpc, sse
@@ -90,7 +88,7 @@ class ReplayStream:
         now = time.monotonic()
         frames = []
         for message in messages:
-            frame = sse.encode_message(orjson.dumps(message), self.event_id(self._next))
+            frame = sse.encode_message(jsonrpc.encode(message), self.event_id(self._next))
             self._events.append((self._next, frame, now))
             self._next += 1
             self._bytes += len(frame)

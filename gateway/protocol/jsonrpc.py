@@ -1,7 +1,9 @@
 """JSON-RPC 2.0 message kinds, error codes and error construction.
 
 Messages stay plain dicts parsed by orjson: the gateway routes on a few fields and forwards the rest
-untouched. This module must not do I/O or know about transports.
+untouched. One parsed from an upstream (`received`) also keeps its bytes, and `encode` writes those
+bytes again while nothing has rewritten it, instead of serialising it. This module must not do I/O or
+know about transports.
 """
 
 from __future__ import annotations
@@ -196,4 +198,83 @@ def is_final(message: Message) -> bool:
 
 
 def dumps(message: Message) -> bytes:
+    return orjson.dumps(message)
+
+
+class Received(dict[str, Any]):
+    """A message parsed from an upstream that still holds the bytes it was parsed from.
+
+    Relaying it unchanged writes those bytes (`encode`) instead of serialising the dict again. Every
+    rewrite in the gateway builds a new dict (`{**message, "id": ...}`), which is a plain `Message` and
+    is serialised; a top-level change made in place drops the bytes too. Nested values must not be
+    changed in place (nothing in the gateway does: rewrites copy)."""
+
+    __slots__ = ("raw",)
+    raw: bytes | None
+    """Set by `holding`; None once the message changed. (No `__init__` of its own: dict's is faster.)"""
+
+    def _changed(self) -> None:
+        self.raw = None
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        # A copy (or a pickle) is a plain dict: it may be changed, and it is serialised when written.
+        return (dict, (dict(self),))
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._changed()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._changed()
+        super().__delitem__(key)
+
+    def __ior__(self, other: Any) -> Received:  # type: ignore[override,misc]
+        self._changed()
+        return super().__ior__(other)
+
+    def pop(self, *args: Any) -> Any:
+        self._changed()
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, Any]:
+        self._changed()
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._changed()
+        super().update(*args, **kwargs)
+
+    def clear(self) -> None:
+        self._changed()
+        super().clear()
+
+
+def received(raw: bytes) -> Message | None:
+    """The JSON object in `raw` (valid UTF-8), holding `raw` for `encode` when it is one line (so it
+    fits an SSE data field); None when `raw` is not a JSON object."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return holding(value, raw) if isinstance(value, dict) else None
+
+
+def holding(value: dict[str, Any], raw: bytes) -> Message:
+    """`value`, parsed from `raw`, holding `raw` for `encode` when it is one line (so it fits an SSE
+    data field); a message received over several lines is serialised again when written."""
+    if b"\n" in raw or b"\r" in raw:
+        return value
+    message = Received(value)
+    message.raw = raw
+    return message
+
+
+def encode(message: object) -> bytes:
+    """`message` as one line of JSON: the bytes it was received as when it is unchanged, else serialised."""
+    if type(message) is Received and message.raw is not None:
+        return message.raw
     return orjson.dumps(message)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
+COLON = ord(":")
 
 
 def encode_message(data: bytes, event_id: str | None = None) -> bytes:
@@ -41,6 +43,8 @@ class SseEvent:
     retry: int | None = None
     size: int = field(default=0, compare=False)
     """Bytes of the event's lines on the wire (as received, before decoding)."""
+    raw: bytes = field(default=b"", compare=False)
+    """`data` as received, undecoded: what a relay passes on when it needs no rewrite."""
 
 
 class SseError(ValueError):
@@ -66,7 +70,7 @@ class SseParser:
         # A chunk that ended in CR: an LF opening the next chunk belongs to that same line ending.
         self._skip_lf = False
         self._first_line = True
-        self._data: list[str] = []
+        self._data: list[bytes] = []
         self._has_data = False
         self._event = ""
         self._id: str | None = None
@@ -99,7 +103,7 @@ class SseParser:
         events: list[SseEvent] = []
         for line in lines:
             self._event_bytes += len(line) + 1
-            event = self._line(line.decode("utf-8", errors="replace"))
+            event = self._line(line)
             if event is not None:
                 events.append(event)
         if tail:
@@ -112,29 +116,30 @@ class SseParser:
         if self._line_bytes + self._data_bytes > self._max_event_bytes:
             raise SseError(f"SSE event larger than {self._max_event_bytes} bytes")
 
-    def _line(self, line: str) -> SseEvent | None:
+    def _line(self, line: bytes) -> SseEvent | None:
+        # Bytes, not text: only `event` and `id` values are decoded, so `data` reaches a relay as received.
         if self._first_line:
             self._first_line = False
-            line = line.removeprefix("\ufeff")
+            line = line.removeprefix(UTF8_BOM)
         if not line:
             return self._dispatch()
-        if line[0] == ":":
+        if line[0] == COLON:
             return None
-        field, colon, value = line.partition(":")
-        if colon and value[:1] == " ":
+        field, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
             value = value[1:]
-        if field == "data":
+        if field == b"data":
             self._data.append(value)
             self._has_data = True
             self._data_bytes += len(value)
             self._check_size()
-        elif field == "event":
-            self._event = value
-        elif field == "id":
-            if "\0" not in value:
-                self._id = value
-                self.last_event_id = value
-        elif field == "retry" and value.isascii() and value.isdigit():
+        elif field == b"event":
+            self._event = value.decode("utf-8", errors="replace")
+        elif field == b"id":
+            if b"\0" not in value:
+                self._id = value.decode("utf-8", errors="replace")
+                self.last_event_id = self._id
+        elif field == b"retry" and value.isdigit():  # bytes.isdigit: ASCII digits only
             self._retry = int(value)
             self.retry_ms = self._retry
         return None
@@ -142,12 +147,14 @@ class SseParser:
     def _dispatch(self) -> SseEvent | None:
         event = None
         if self._has_data or self._id is not None or self._retry is not None:
+            raw = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
             event = SseEvent(
-                data="\n".join(self._data),
+                data=raw.decode("utf-8", errors="replace"),
                 event=self._event or "message",
                 id=self._id,
                 retry=self._retry,
                 size=self._event_bytes,
+                raw=raw,
             )
         self._event_bytes = 0
         self._data = []

@@ -25,7 +25,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.names import SESSION_HEADER
-from gateway.protocol.sse import SseError, SseParser
+from gateway.protocol.sse import SseError, SseEvent, SseParser
 from gateway.upstream.base import (
     DeadlineRule,
     Exchange,
@@ -280,7 +280,7 @@ class HttpChannel(UpstreamChannel):
                     call.last_event_id = event.id
                 if event.retry is not None:
                     call.retry_ms = event.retry
-                message = _decode_event(event.data, event.event)
+                message = _decode_event(event)
                 if message is None:
                     continue
                 call.messages += 1
@@ -431,7 +431,7 @@ class HttpChannel(UpstreamChannel):
         delivered = False
         async for chunk in response.content.iter_any():
             for event in parser.feed(chunk):
-                message = _decode_event(event.data, event.event)
+                message = _decode_event(event)
                 if message is None:
                     continue
                 delivered = True
@@ -583,25 +583,33 @@ class HttpUpstream(Upstream):
         )
 
 
-def _decode(body: bytes | str) -> Message | None:
+def _decode(body: bytes) -> Message | None:
+    return jsonrpc.received(body)
+
+
+def _decode_event(event: SseEvent) -> Message | None:
+    """The JSON-RPC message in an SSE event, or None for priming events and anything unusable."""
+    if not event.raw:
+        return None
+    if event.event != "message":
+        logger.debug("ignoring upstream SSE event of type %r", event.event)
+        return None
+    # Parsed from the bytes as received, which it keeps for the relay; text that is not UTF-8 is
+    # read as decoded (with replacement characters), as the gateway always did, and serialised again.
+    message = jsonrpc.received(event.raw)
+    if message is None:
+        message = _decode_text(event.data)
+    if message is None:
+        logger.warning("ignoring upstream SSE event that is not a JSON-RPC message: %.200s", event.data)
+    return message
+
+
+def _decode_text(data: str) -> Message | None:
     try:
-        value: Any = orjson.loads(body)
+        value: Any = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _decode_event(data: str, event: str) -> Message | None:
-    """The JSON-RPC message in an SSE event, or None for priming events and anything unusable."""
-    if not data:
-        return None
-    if event != "message":
-        logger.debug("ignoring upstream SSE event of type %r", event)
-        return None
-    message = _decode(data)
-    if message is None:
-        logger.warning("ignoring upstream SSE event that is not a JSON-RPC message: %.200s", data)
-    return message
 
 
 async def _read_limited(response: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes | None:

@@ -422,7 +422,8 @@ class StdioProcess:
                     continue
                 if isinstance(message, dict):
                     self._answered = True
-                    await self._route(message, len(line))
+                    # Held with its bytes: a message routed on unchanged is relayed as the upstream wrote it.
+                    await self._route(jsonrpc.holding(message, line.rstrip(b"\r\n")), len(line))
         except Exception:
             log.exception("stdio reader failed")
         finally:
