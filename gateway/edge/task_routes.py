@@ -19,6 +19,10 @@ from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.tasks.plans import AwaitResult, StreamEvents
+from gateway.waiting import wait_any
+
+RECORDED_END_WAIT_S = 5.0
+"""How long a stream's final message waits for its task's record to show the end its log told."""
 
 
 async def await_result(plan: AwaitResult, responder: Responder, era: Era, keepalive_s: float) -> web.StreamResponse:
@@ -77,6 +81,10 @@ async def _deliver(plan: StreamEvents, responder: Responder) -> Message:
         flush_interval_s=plan.flush_interval_s,
         write_now=responder.write_now,
     )
+    if outcome is None and plan.recorded_end is not None:
+        # The log's last event is written before the record turns terminal (the registry's order): the
+        # final message waits for the record, bounded, as the store may hold that write in an outage.
+        await wait_any((plan.recorded_end, plan.stop), RECORDED_END_WAIT_S)
     if plan.stop.is_set():
         return jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")
     if outcome is not None:

@@ -157,6 +157,9 @@ class StreamEvents:
     """Events read (and written) at once."""
     flush_interval_s: float
     """A live stream writes at most once per interval."""
+    recorded_end: asyncio.Event | None = None
+    """Set once the task's record shows its end (the task's `done`, when this process runs it): the
+    final message waits for it, so a client that reads the end and then asks `tasks/get` sees it."""
 
 
 class ResultWait(Protocol):

@@ -457,6 +457,7 @@ class TaskService:
             keepalive_s=self._server.keepalive_s,
             replay_batch=tasks.replay_batch,
             flush_interval_s=tasks.stream_flush_interval_ms / 1000,
+            recorded_end=task.done if (task := self._hosted.registry.find(record.id)) is not None else None,
         )
 
     def _claim_stream(self, call: TaskCall, task_id: str) -> None:
