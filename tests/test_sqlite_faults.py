@@ -64,12 +64,13 @@ def fill(disk: Path) -> Path:
 
 
 async def until_refused(url: str) -> JsonRpcError:
-    """New tasks are refused once the store's writes fail (the next write after the disk filled)."""
+    """New tasks are refused once the store's writes fail: the next write that needs room the file does
+    not have (a task's event and record fit in pages freed inside the file: its 64 KiB result does not)."""
     async with asyncio.timeout(WAIT):
         while True:
             async with GatewayClient(url) as client:
                 try:
-                    await client.start_task("echo", {"text": "x"})
+                    await client.start_task("echo", {"text": "x" * 65536})
                 except JsonRpcError as error:
                     return error
             await asyncio.sleep(0.2)

@@ -485,7 +485,7 @@ async def test_a_file_of_schema_version_1_is_migrated_and_its_outcomes_count_as_
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 # ------------------------------------------------------------------------------------------ a real gateway

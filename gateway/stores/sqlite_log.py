@@ -1,10 +1,20 @@
-"""The durable embedded `EventLog`: per-task event logs in the `logs` and `events` tables of a SQLite file.
+"""The durable embedded `EventLog`: per-task event logs in the `logs`, `events` and `staged` tables of a SQLite file.
 
 A task's log is one `logs` row (whether it is sealed, once deleted the time its tombstone expires, and
 a `next_seq` written when events are deleted) and its retained events, rows `(task, seq, created,
-body)` keyed `(task, seq)`. The log's next seq is the larger of the row's `next_seq` and its last
-event's seq + 1: an append writes only its events (the newest event is never trimmed), and whatever
-deletes events writes `next_seq` first, so deleting them never resets a sequence. Retention is
+body)`. The log's next seq is the larger of the row's `next_seq` and its last event's seq + 1: an
+append writes only its events (the newest event is never trimmed), and whatever deletes events writes
+`next_seq` first, so deleting them never resets a sequence.
+
+Events are kept `(task, seq)` in order in `events`, but a small append goes to `staged` first, kept in
+insertion order: in `events` a commit of one event for each of 64 tasks writes 64 B-tree pages, in
+`staged` one or two. Once `FOLD_ROWS` events are staged, the append that reaches it moves them all
+into `events` in one statement (a fold: a few events per task per page). A task's staged seqs are
+always above its seqs in `events` (an append goes straight to `events` only for a task with nothing
+staged, and a fold moves everything), so a read takes each table's first events after its cursor and
+joins them. `staged` has no index: what scans it (a read of a task with staged events, a log's state
+read from the file) scans at most a fold's worth of rows. A write that deletes a task's staged events
+(trimming into them) folds first; a file opened again folds what an earlier process left staged. Retention is
 exactly the memory log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and
 age in the same transaction, and a read or `bounds` that meets an event older than the age first has
 it deleted, so no event past its age is ever handed out and none comes back when a wall clock steps
@@ -14,7 +24,8 @@ Each log's state (`next_seq`, sealed, deleted, its earliest event) is kept in me
 committed write left it (this process is the file's only writer: `gateway.stores.sqlite` holds a lock),
 so `bounds`, `wait` and a read with nothing after its cursor need no trip to a reader thread; a log not
 known yet is read once. The writer thread keeps the same for the writes it runs (the log's row as its
-transaction leaves it), so an append reads nothing. One `SqliteEventLog` per database file.
+transaction leaves it), and which tasks have events staged from which seq, so an append reads nothing.
+One `SqliteEventLog` per database file.
 
 `wait` wakes the waiters in this process when an append, seal, create or delete commits.
 """
@@ -42,22 +53,46 @@ from gateway.stores.sqlite import KNOWN_STATES, Committed, SqliteDatabase
 __all__ = ["SqliteEventLog"]
 
 
-_LAST_SEQ_PLUS_1 = "coalesce((SELECT seq FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1) + 1, 0)"
+FOLD_ROWS = 2048
+"""Staged events moved into `events` at once: the larger, the fewer pages per event a fold writes, and
+the longer what scans `staged` takes."""
+
+DIRECT_ROWS = 16
+"""An append of at least this many events, to a task with nothing staged, goes straight to `events`
+(it fills its pages there as well as in `staged`, and would only be moved again)."""
+
+# A task's staged seqs are above its seqs in events: staged first for the last, events first for the first.
+_LAST_SEQ = (
+    "coalesce((SELECT max(seq) FROM staged WHERE task = ?1),"
+    " (SELECT seq FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1))"
+)
+_LAST_SEQ_PLUS_1 = f"coalesce({_LAST_SEQ} + 1, 0)"
+_STAGED_FROM = "(SELECT min(seq) FROM staged WHERE task = ?1)"
 
 _LOG_STATE = f"""
 SELECT max(next_seq, {_LAST_SEQ_PLUS_1}), sealed, tombstone_until IS NOT NULL,
-    (SELECT seq FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
-    (SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
-    (SELECT created FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1)
+    coalesce((SELECT seq FROM events WHERE task = ?1 ORDER BY seq LIMIT 1), {_STAGED_FROM}),
+    coalesce((SELECT created FROM events WHERE task = ?1 ORDER BY seq LIMIT 1),
+        (SELECT created FROM staged WHERE task = ?1 ORDER BY seq LIMIT 1)),
+    coalesce((SELECT created FROM staged WHERE task = ?1 ORDER BY seq DESC LIMIT 1),
+        (SELECT created FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1)),
+    {_STAGED_FROM}
 FROM logs WHERE task = ?1
 """
 """A log in one statement (fewer steps, fewer hand-offs of the GIL): its next seq, sealed, deleted,
-its earliest event (seq, created) and the `created` of its last event: a `_Row`."""
+its earliest event (seq, created), the `created` of its last event and its first staged seq: a `_Row`."""
 
 _KEEP_NEXT_SEQ = f"UPDATE logs SET next_seq = max(next_seq, {_LAST_SEQ_PLUS_1}) WHERE task = ?1"
 """Write the log's next seq into its row: before anything deletes its last event."""
 
-_Row = tuple[int, int, int, int | None, float | None, float | None]
+_Row = tuple[int, int, int, int | None, float | None, float | None, int | None]
+
+_READ_EVENTS = "SELECT seq, created, body FROM events WHERE task = ?1 AND seq > ?2 AND seq < ?3 ORDER BY seq LIMIT ?4"
+_READ_STAGED = "SELECT seq, created, body FROM staged WHERE task = ?1 AND seq > ?2 AND seq < ?3 ORDER BY seq LIMIT ?4"
+_READ_BOTH = f"SELECT * FROM ({_READ_EVENTS}) UNION ALL SELECT * FROM ({_READ_STAGED})"
+"""One statement, so one snapshot: a fold committed between two statements would hide the moved events."""
+
+_FOLD = "INSERT INTO events (task, seq, created, body) SELECT task, seq, created, body FROM staged ORDER BY task, seq"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +104,16 @@ class _LogState:
     deleted: bool
     earliest: int | None
     head_created: float | None
+    staged_from: int | None
+    """The first seq in `staged` (None: nothing staged); once folded, reading both tables still finds it."""
 
     @classmethod
     def of(cls, row: _Row | None) -> _LogState | None:
         """From a `_LOG_STATE` row (None: the task has no log)."""
         if row is None:
             return None
-        next_seq, sealed, deleted, earliest, head_created, _ = row
-        return cls(next_seq, bool(sealed), bool(deleted), earliest, head_created)
+        next_seq, sealed, deleted, earliest, head_created, _, staged_from = row
+        return cls(next_seq, bool(sealed), bool(deleted), earliest, head_created, staged_from)
 
     def has_after(self, after: int) -> bool:
         """Whether an event with ``seq > after`` was ever appended (retained or not)."""
@@ -84,21 +121,12 @@ class _LogState:
 
 
 _INSERT_EVENT = "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, ?)"
+_STAGE_EVENT = "INSERT INTO staged (task, seq, created, body) VALUES (?, ?, ?, ?)"
 
 
 _Done = bool | tuple[_Row]
 """What a write job returns: whether it changed the log (whose state is then read afresh), or (in a
 1-tuple) the row it changed the log into (when it knows it without another statement)."""
-
-
-def _trim_job(task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], _Done]:
-    """The write that deletes the task's events created before `cutoff` (it wakes nobody)."""
-
-    def trim(connection: sqlite3.Connection) -> bool:
-        _drop_older_than(connection, task_id, cutoff)
-        return False
-
-    return trim
 
 
 class _Waiters:
@@ -112,7 +140,8 @@ class _Waiters:
 
 
 def _drop_older_than(connection: sqlite3.Connection, task_id: str, cutoff: float) -> None:
-    """Delete the task's events created before `cutoff`: a prefix, as `created` never decreases by seq."""
+    """Delete the task's events created before `cutoff`: a prefix, as `created` never decreases by seq.
+    The task has nothing staged (`SqliteEventLog._unstage`)."""
     connection.execute(_KEEP_NEXT_SEQ, (task_id,))
     keep_from = None
     for seq, created in connection.execute("SELECT seq, created FROM events WHERE task = ? ORDER BY seq", (task_id,)):
@@ -149,12 +178,48 @@ class SqliteEventLog(EventLog):
         self._rows: dict[str, _Row] = {}
         """Writer thread only: logs' rows as the writes run so far leave them (committed, or in the
         transaction under way), oldest first; forgotten when a batch is rolled back."""
-        database.on_rollback(self._rows.clear)
+        self._staged: dict[str, int] | None = None
+        """Writer thread only: each task with staged events, its first staged seq, as the writes run so
+        far leave `staged` (None: not known, at open and after a rollback: the next write folds)."""
+        self._staged_rows = 0
+        """Writer thread only: how many events `staged` holds (while `_staged` is known)."""
+        database.on_rollback(self._forget_writes)
         self._closed = False
 
     @property
     def max_events_per_task(self) -> int:
         return self._max_events
+
+    def _forget_writes(self) -> None:
+        """A batch was rolled back: what the writer thread kept of the file is no longer true."""
+        self._rows.clear()
+        self._staged = None
+
+    def _fold(self, connection: sqlite3.Connection) -> dict[str, int]:
+        """Writer thread: move every staged event into `events`; the (empty) staged tasks."""
+        connection.execute(_FOLD)
+        connection.execute("DELETE FROM staged")
+        self._staged, self._staged_rows = {}, 0
+        return self._staged
+
+    def _staging(self, connection: sqlite3.Connection) -> dict[str, int]:
+        """Writer thread: the tasks with staged events, first folding what is not known."""
+        return self._fold(connection) if self._staged is None else self._staged
+
+    def _unstage(self, connection: sqlite3.Connection, task_id: str, below: float) -> None:
+        """Writer thread: fold first if the task has staged events below seq `below`, which are to be deleted."""
+        if self._staging(connection).get(task_id, math.inf) < below:
+            self._fold(connection)
+
+    def _trim_job(self, task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], _Done]:
+        """The write that deletes the task's events created before `cutoff` (it wakes nobody)."""
+
+        def trim(connection: sqlite3.Connection) -> bool:
+            self._unstage(connection, task_id, math.inf)
+            _drop_older_than(connection, task_id, cutoff)
+            return False
+
+        return trim
 
     def _cutoff(self) -> float | None:
         """Events created before this are past their age (None: no age limit)."""
@@ -217,7 +282,7 @@ class SqliteEventLog(EventLog):
             cutoff = self._cutoff()
             if state is None or cutoff is None or state.head_created is None or state.head_created >= cutoff:
                 return state
-            await self._write(task_id, _trim_job(task_id, cutoff))
+            await self._write(task_id, self._trim_job(task_id, cutoff))
 
     def _wake(self, task_id: str) -> None:
         waiters = self._waiters.get(task_id)
@@ -244,8 +309,8 @@ class SqliteEventLog(EventLog):
             state = self._rows.get(task_id) or connection.execute(_LOG_STATE, (task_id,)).fetchone()
             if state is None:
                 connection.execute("INSERT INTO logs (task) VALUES (?)", (task_id,))
-                state = (0, False, False, None, None, None)
-            next_seq, sealed, deleted, earliest, head_created, last_created = state
+                state = (0, False, False, None, None, None, None)
+            next_seq, sealed, deleted, earliest, head_created, last_created, _ = state
             if deleted or (sealed and not epilogue):
                 raise LogSealed(
                     f"the log of task {task_id!r} is {'deleted' if deleted else 'sealed'}: it takes no more events"
@@ -256,14 +321,21 @@ class SqliteEventLog(EventLog):
                 # Never older than the last event: `created` never decreases by seq.
                 created = last_created = clock if last_created is None else max(clock, last_created)
                 events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
+                staged = self._staging(connection)
+                staging = task_id in staged or len(rows) < DIRECT_ROWS
+                insert = _STAGE_EVENT if staging else _INSERT_EVENT
                 if len(events) == 1:  # executemany costs about twice as much for one row
-                    connection.execute(_INSERT_EVENT, events[0])
+                    connection.execute(insert, events[0])
                 else:
-                    connection.executemany(_INSERT_EVENT, events)
+                    connection.executemany(insert, events)
+                if staging:
+                    staged.setdefault(task_id, first)
+                    self._staged_rows += len(events)
                 if earliest is None:
                     earliest, head_created = first, created
                 keep_from = first + len(rows) - self._max_events
                 if earliest < keep_from:
+                    self._unstage(connection, task_id, keep_from)
                     connection.execute("DELETE FROM events WHERE task = ? AND seq < ?", (task_id, keep_from))
                     earliest, known = keep_from, keep_from >= first
                     if known:
@@ -271,15 +343,20 @@ class SqliteEventLog(EventLog):
                     # else an older event is the earliest now: its `created` is at least the old
                     # earliest's, so the age check below still errs only towards a scan
                 if cutoff is not None and head_created is not None and head_created < cutoff:
+                    self._unstage(connection, task_id, math.inf)
                     _drop_older_than(connection, task_id, cutoff)
                     known = False
+                if self._staged_rows >= FOLD_ROWS:
+                    self._fold(connection)
             if not (rows or seal):
                 return False
             if seal and not sealed:
                 connection.execute("UPDATE logs SET sealed = 1 WHERE task = ?", (task_id,))
             if not known:
                 return True
-            return ((first + len(rows), bool(sealed) or seal, False, earliest, head_created, last_created),)
+            staged_from = self._staging(connection).get(task_id)
+            next_seq = first + len(rows)
+            return ((next_seq, bool(sealed) or seal, False, earliest, head_created, last_created, staged_from),)
 
         await self._write(task_id, append)
         return first
@@ -317,12 +394,18 @@ class SqliteEventLog(EventLog):
         # commits, the loop only once its callback ran; a cursor past `bounds` would be refused.
         stop = state.next_seq
 
-        def select(connection: sqlite3.Connection) -> list[StoredEvent]:
-            rows = connection.execute(
-                "SELECT seq, created, body FROM events WHERE task = ? AND seq > ? AND seq < ? ORDER BY seq LIMIT ?",
-                (task_id, after, stop, limit),
-            )
-            return [StoredEvent(seq, created, body) for seq, created, body in rows]
+        if state.staged_from is None:  # the common case: every event of this log is in `events`
+
+            def select(connection: sqlite3.Connection) -> list[StoredEvent]:
+                rows = connection.execute(_READ_EVENTS, (task_id, after, stop, limit))
+                return [StoredEvent(seq, created, body) for seq, created, body in rows]
+
+        else:
+
+            def select(connection: sqlite3.Connection) -> list[StoredEvent]:
+                rows = connection.execute(_READ_BOTH, (task_id, after, stop, limit)).fetchall()
+                rows.sort(key=lambda row: row[0])  # events' seqs first; SQL promises no order of a UNION ALL
+                return [StoredEvent(seq, created, body) for seq, created, body in rows[:limit]]
 
         return await self._db.read(select)
 
@@ -361,6 +444,7 @@ class SqliteEventLog(EventLog):
         until = now + self._tombstone_ttl
 
         def delete(connection: sqlite3.Connection) -> bool:
+            staged = self._staging(connection)  # before anything is deleted: it may fold
             buried = connection.execute(
                 f"UPDATE logs SET sealed = 1, tombstone_until = ?2, next_seq = max(next_seq, {_LAST_SEQ_PLUS_1})"
                 " WHERE task = ?1 AND tombstone_until IS NULL",
@@ -369,6 +453,8 @@ class SqliteEventLog(EventLog):
             if buried.rowcount == 0:
                 return False
             connection.execute("DELETE FROM events WHERE task = ?", (task_id,))
+            if staged.pop(task_id, None) is not None:
+                self._staged_rows -= connection.execute("DELETE FROM staged WHERE task = ?", (task_id,)).rowcount
             return True
 
         await self._write(task_id, delete, expire_tombstones=now)
