@@ -95,6 +95,7 @@ CREATE TABLE IF NOT EXISTS staged (
     created REAL NOT NULL,
     body BLOB NOT NULL
 );
+CREATE INDEX IF NOT EXISTS staged_by_task ON staged (task, seq);  -- small entries: few pages per commit
 """
 
 MIGRATIONS: dict[int, str] = {

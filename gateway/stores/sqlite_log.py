@@ -1,4 +1,4 @@
-"""The durable embedded `EventLog`: per-task event logs in the `logs`, `events` and `staged` tables of a SQLite file.
+"""The durable embedded `EventLog`: per-task event logs in the `logs`, `events` and `staged` tables of SQLite.
 
 A task's log is one `logs` row (whether it is sealed, once deleted the time its tombstone expires, and
 a `next_seq` written when events are deleted) and its retained events, rows `(task, seq, created,
@@ -12,10 +12,15 @@ insertion order: in `events` a commit of one event for each of 64 tasks writes 6
 into `events` in one statement (a fold: a few events per task per page). A task's staged seqs are
 always above its seqs in `events` (an append goes straight to `events` only for a task with nothing
 staged, and a fold moves everything), so a read takes each table's first events after its cursor and
-joins them. `staged` has no index: what scans it (a read of a task with staged events, a log's state
-read from the file) scans at most a fold's worth of rows. A write that deletes a task's staged events
-(trimming into them) folds first; a file opened again folds what an earlier process left staged. Retention is
-exactly the memory log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and
+joins them. `staged` has an index on `(task, seq)` (its small entries add a few pages per commit, not
+one per task): a read never scans it. A write that deletes a task's staged events by count or age
+folds first; a file opened again folds what an earlier process left staged, at its first append.
+
+The appends of one log between two of its other writes are one write job (`_Appends`): the writer
+thread takes them all, assigns their seqs from each log's row it keeps, and stages their events with
+one statement.
+
+Retention is exactly the memory log's (`gateway.events.log.MemoryEventLog`): an append trims its task by count and
 age in the same transaction, and a read or `bounds` that meets an event older than the age first has
 it deleted, so no event past its age is ever handed out and none comes back when a wall clock steps
 back.
@@ -36,9 +41,10 @@ import asyncio
 import functools
 import math
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.events.log import (
     DEFAULT_TOMBSTONE_TTL_S,
@@ -54,8 +60,8 @@ __all__ = ["SqliteEventLog"]
 
 
 FOLD_ROWS = 2048
-"""Staged events moved into `events` at once: the larger, the fewer pages per event a fold writes, and
-the longer what scans `staged` takes."""
+"""Staged events moved into `events` at once: the larger, the fewer pages per event a fold writes (and
+the longer the one append that folds waits)."""
 
 DIRECT_ROWS = 16
 """An append of at least this many events, to a task with nothing staged, goes straight to `events`
@@ -124,9 +130,60 @@ _INSERT_EVENT = "INSERT INTO events (task, seq, created, body) VALUES (?, ?, ?, 
 _STAGE_EVENT = "INSERT INTO staged (task, seq, created, body) VALUES (?, ?, ?, ?)"
 
 
-_Done = bool | tuple[_Row]
-"""What a write job returns: whether it changed the log (whose state is then read afresh), or (in a
-1-tuple) the row it changed the log into (when it knows it without another statement)."""
+_EventRow = tuple[str, int, float, bytes]
+
+
+@dataclass(slots=True)
+class _Append:
+    """One `append` call: what the writer thread needs, and the caller's future."""
+
+    task_id: str
+    bodies: list[bytes]
+    seal: bool
+    epilogue: bool
+    clock: float
+    cutoff: float | None
+    future: asyncio.Future[int] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+_Appended = tuple[int, "_LogState | None", bool] | LogSealed
+"""An append's outcome: its first seq, the log's state after it and whether it changed the log; or its refusal."""
+
+
+class _Appends:
+    """The appends of one log between two of its other writes, until the writer thread takes them: run as
+    one write job, in order (fewer jobs and futures, and one statement stages their events). A lock, as
+    the loop adds while the writer thread may be taking them; one added too late opens the next."""
+
+    __slots__ = ("_items", "_lock", "_taken")
+
+    def __init__(self, item: _Append) -> None:
+        self._items = [item]
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def add(self, item: _Append) -> bool:
+        """Add `item` (False: already taken, or failed)."""
+        with self._lock:
+            if self._taken:
+                return False
+            self._items.append(item)
+            return True
+
+    def take(self) -> list[_Append]:
+        """Every append added, none after: the writer thread runs them; or the loop fails them."""
+        with self._lock:
+            self._taken = True
+            return self._items
+
+
+def _fail_appends(appends: _Appends, done: asyncio.Future[object]) -> None:
+    """The write of `appends` failed (the batch was rolled back, or never ran): each caller gets why."""
+    if done.cancelled() or done.exception() is None:
+        return
+    for item in appends.take():
+        if not item.future.done():
+            item.future.set_exception(done.exception())  # type: ignore[arg-type]
 
 
 class _Waiters:
@@ -183,6 +240,8 @@ class SqliteEventLog(EventLog):
         far leave `staged` (None: not known, at open and after a rollback: the next write folds)."""
         self._staged_rows = 0
         """Writer thread only: how many events `staged` holds (while `_staged` is known)."""
+        self._appends: _Appends | None = None
+        """The appends submitted since the last other write of this log, if the writer has not taken them."""
         database.on_rollback(self._forget_writes)
         self._closed = False
 
@@ -211,7 +270,7 @@ class SqliteEventLog(EventLog):
         if self._staging(connection).get(task_id, math.inf) < below:
             self._fold(connection)
 
-    def _trim_job(self, task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], _Done]:
+    def _trim_job(self, task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], bool]:
         """The write that deletes the task's events created before `cutoff` (it wakes nobody)."""
 
         def trim(connection: sqlite3.Connection) -> bool:
@@ -226,7 +285,7 @@ class SqliteEventLog(EventLog):
         return None if self._max_age == math.inf else self._clock() - self._max_age
 
     async def _write(
-        self, task_id: str, job: Callable[[sqlite3.Connection], _Done], *, expire_tombstones: float | None = None
+        self, task_id: str, job: Callable[[sqlite3.Connection], bool], *, expire_tombstones: float | None = None
     ) -> None:
         """Run a change of the task's log (first expiring the tombstones due at `expire_tombstones`).
         Once committed, even if the caller was cancelled meanwhile: remember the log's new state and,
@@ -245,19 +304,21 @@ class SqliteEventLog(EventLog):
                 ]
                 for task in expired:
                     self._rows.pop(task, None)
-            done = job(connection)
-            if isinstance(done, tuple):
-                changed, row = True, done[0]
-            else:
-                changed, row = done, connection.execute(_LOG_STATE, (task_id,)).fetchone()
-            self._rows.pop(task_id, None)
-            if row is not None:
-                self._rows[task_id] = row
-                if len(self._rows) > KNOWN_STATES:
-                    del self._rows[next(iter(self._rows))]
+            changed = job(connection)
+            row = connection.execute(_LOG_STATE, (task_id,)).fetchone()
+            self._keep_row(task_id, row)
             return changed, _LogState.of(row), expired
 
+        self._appends = None  # an append submitted after this write runs after it
         await self._db.submit(run, functools.partial(self._committed, task_id))
+
+    def _keep_row(self, task_id: str, row: _Row | None) -> None:
+        """Writer thread: the log's row as the write just run leaves it (the least recently kept dropped)."""
+        self._rows.pop(task_id, None)
+        if row is not None:
+            self._rows[task_id] = row
+            if len(self._rows) > KNOWN_STATES:
+                del self._rows[next(iter(self._rows))]
 
     def _committed(self, task_id: str, done: tuple[bool, _LogState | None, list[str]]) -> None:
         changed, state, expired = done
@@ -299,67 +360,118 @@ class SqliteEventLog(EventLog):
         epilogue: bool = False,
         key: str | None = None,
     ) -> int:
-        rows = list(bodies)
-        clock = self._clock()
-        cutoff = self._cutoff()
-        first = 0
+        if self._closed:
+            raise RuntimeError("the event log is closed")
+        item = _Append(task_id, list(bodies), seal, epilogue, self._clock(), self._cutoff())
+        appends = self._appends
+        if appends is None or not appends.add(item):
+            appends = _Appends(item)
+            done = self._db.submit(functools.partial(self._run_appends, appends), self._appended)
+            done.add_done_callback(functools.partial(_fail_appends, appends))
+            self._appends = appends
+        return await item.future
 
-        def append(connection: sqlite3.Connection) -> _Done:
-            nonlocal first
-            state = self._rows.get(task_id) or connection.execute(_LOG_STATE, (task_id,)).fetchone()
+    def _run_appends(self, appends: _Appends, connection: sqlite3.Connection) -> list[tuple[_Append, _Appended]]:
+        """Writer thread: run the appends of `appends` in order, their staged events in one statement."""
+        staging: list[_EventRow] = []
+
+        def flush() -> None:
+            """Stage what is waiting: before any other statement, which may depend on it."""
+            if staging:
+                connection.executemany(_STAGE_EVENT, staging)
+                staging.clear()
+
+        outcomes: list[tuple[_Append, _Appended]] = []
+        for item in appends.take():
+            try:
+                outcomes.append((item, self._append(connection, item, staging, flush)))
+            except LogSealed as exc:
+                outcomes.append((item, exc))
+        flush()
+        return outcomes
+
+    def _append(
+        self, connection: sqlite3.Connection, item: _Append, staging: list[_EventRow], flush: Callable[[], None]
+    ) -> _Appended:
+        """Writer thread: one append; its events to stage go to `staging`, and `flush` stages them before
+        any other statement. LogSealed before it changes anything."""
+        task_id, rows = item.task_id, item.bodies
+        state = self._rows.get(task_id)
+        if state is None:
+            flush()
+            state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
             if state is None:
                 connection.execute("INSERT INTO logs (task) VALUES (?)", (task_id,))
                 state = (0, False, False, None, None, None, None)
-            next_seq, sealed, deleted, earliest, head_created, last_created, _ = state
-            if deleted or (sealed and not epilogue):
-                raise LogSealed(
-                    f"the log of task {task_id!r} is {'deleted' if deleted else 'sealed'}: it takes no more events"
-                )
-            first = next_seq
-            known = True  # whether the new earliest event is known without reading it back
-            if rows:
-                # Never older than the last event: `created` never decreases by seq.
-                created = last_created = clock if last_created is None else max(clock, last_created)
-                events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
-                staged = self._staging(connection)
-                staging = task_id in staged or len(rows) < DIRECT_ROWS
-                insert = _STAGE_EVENT if staging else _INSERT_EVENT
-                if len(events) == 1:  # executemany costs about twice as much for one row
-                    connection.execute(insert, events[0])
-                else:
-                    connection.executemany(insert, events)
-                if staging:
-                    staged.setdefault(task_id, first)
-                    self._staged_rows += len(events)
-                if earliest is None:
-                    earliest, head_created = first, created
-                keep_from = first + len(rows) - self._max_events
-                if earliest < keep_from:
-                    self._unstage(connection, task_id, keep_from)
-                    connection.execute("DELETE FROM events WHERE task = ? AND seq < ?", (task_id, keep_from))
-                    earliest, known = keep_from, keep_from >= first
-                    if known:
-                        head_created = created
-                    # else an older event is the earliest now: its `created` is at least the old
-                    # earliest's, so the age check below still errs only towards a scan
-                if cutoff is not None and head_created is not None and head_created < cutoff:
-                    self._unstage(connection, task_id, math.inf)
-                    _drop_older_than(connection, task_id, cutoff)
-                    known = False
-                if self._staged_rows >= FOLD_ROWS:
-                    self._fold(connection)
-            if not (rows or seal):
-                return False
-            if seal and not sealed:
-                connection.execute("UPDATE logs SET sealed = 1 WHERE task = ?", (task_id,))
-            if not known:
-                return True
+        next_seq, sealed, deleted, earliest, head_created, last_created, _ = state
+        if deleted or (sealed and not item.epilogue):
+            raise LogSealed(
+                f"the log of task {task_id!r} is {'deleted' if deleted else 'sealed'}: it takes no more events"
+            )
+        first = next_seq
+        known = True  # whether the new earliest event is known without reading it back
+        if rows:
+            # Never older than the last event: `created` never decreases by seq.
+            created = last_created = item.clock if last_created is None else max(item.clock, last_created)
+            events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
+            if self._staged is None:
+                flush()
+            staged = self._staging(connection)
+            if task_id in staged or len(rows) < DIRECT_ROWS:
+                staging += events
+                staged.setdefault(task_id, first)
+                self._staged_rows += len(events)
+            else:
+                flush()
+                connection.executemany(_INSERT_EVENT, events)
+            if earliest is None:
+                earliest, head_created = first, created
+            keep_from = first + len(rows) - self._max_events
+            if earliest < keep_from:
+                flush()
+                self._unstage(connection, task_id, keep_from)
+                connection.execute("DELETE FROM events WHERE task = ? AND seq < ?", (task_id, keep_from))
+                earliest, known = keep_from, keep_from >= first
+                if known:
+                    head_created = created
+                # else an older event is the earliest now: its `created` is at least the old
+                # earliest's, so the age check below still errs only towards a scan
+            if item.cutoff is not None and head_created is not None and head_created < item.cutoff:
+                flush()
+                self._unstage(connection, task_id, math.inf)
+                _drop_older_than(connection, task_id, item.cutoff)
+                known = False
+            if self._staged_rows >= FOLD_ROWS:
+                flush()
+                self._fold(connection)
+        if item.seal and not sealed:
+            connection.execute("UPDATE logs SET sealed = 1 WHERE task = ?", (task_id,))
+        if not (rows or item.seal):
+            return first, _LogState.of(state), False
+        if known:
             staged_from = self._staging(connection).get(task_id)
-            next_seq = first + len(rows)
-            return ((next_seq, bool(sealed) or seal, False, earliest, head_created, last_created, staged_from),)
+            ended = bool(sealed) or item.seal
+            state = (first + len(rows), ended, False, earliest, head_created, last_created, staged_from)
+        else:
+            flush()
+            state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
+        self._keep_row(task_id, state)
+        return first, _LogState.of(state), True
 
-        await self._write(task_id, append)
-        return first
+    def _appended(self, outcomes: list[tuple[_Append, _Appended]]) -> None:
+        """On the loop, once committed: each append's log state remembered, its waiters woken, its caller
+        answered (if still waiting)."""
+        for item, outcome in outcomes:
+            if isinstance(outcome, LogSealed):
+                if not item.future.done():
+                    item.future.set_exception(outcome)
+                continue
+            first, state, changed = outcome
+            self._known.committed(item.task_id, None if self._closed else state)
+            if changed:
+                self._wake(item.task_id)
+            if not item.future.done():
+                item.future.set_result(first)
 
     async def create(self, task_id: str) -> None:
         def create(connection: sqlite3.Connection) -> bool:
