@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,8 @@ from gateway.events.log import LogBounds, LogSealed, StoreUnavailable
 from gateway.stores import sqlite_log
 from gateway.stores.sqlite import SqliteDatabase
 from gateway.stores.sqlite_log import DIRECT_ROWS, SqliteEventLog
+from gateway.stores.sqlite_tasks import SqliteTaskStore
+from tests.test_sqlite_store import record
 
 TASKS = 64
 
@@ -189,3 +193,43 @@ async def test_an_age_trim_reaches_into_staged_events(tmp_path: Path) -> None:
         assert await bodies(log, "t") == [(1, b"young")]
     finally:
         await log.close()
+
+
+async def test_a_records_next_seq_comes_from_its_log_without_a_write_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    database = SqliteDatabase(path)
+    log = SqliteEventLog(database, 1000)
+    tasks = SqliteTaskStore(database, 1 << 20, log)
+    writes = [0]
+    submit = database.submit
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        writes[0] += 1
+        return submit(*args, **kwargs)
+
+    try:
+        await tasks.create(record("t"))
+        first = await log.append("t", [b"a", b"b", b"c"])
+        database.submit = counting  # type: ignore[method-assign]
+        await tasks.advance_next_seq("t", first + 3)  # what the registry does after each append
+        assert writes == [0]
+        assert (await tasks.find("t")) == replace(record("t"), next_seq=3)
+        await tasks.advance_next_seq("t", 5)  # beyond the log (no such append): written
+        assert writes == [1]
+    finally:
+        database.submit = submit  # type: ignore[method-assign]
+        await log.close()
+        await tasks.close()
+    database = SqliteDatabase(path)  # a restart: the record read from the file
+    log = SqliteEventLog(database, 1000)
+    tasks = SqliteTaskStore(database, 1 << 20, log)
+    try:
+        assert (await tasks.find("t")) == replace(record("t"), next_seq=5)
+        assert await log.append("t", [b"d"] * 4) == 3  # the log passes the column's 5
+        await tasks.advance_next_seq("t", 7)
+        await tasks.close()
+        tasks = SqliteTaskStore(database, 1 << 20, log)  # nothing known: read from the file
+        assert [found.next_seq for found in await tasks.unfinished()] == [7]
+    finally:
+        await log.close()
+        await tasks.close()

@@ -71,7 +71,7 @@ def open_stores(
     """Both stores on one file, as `build_stores` makes them."""
     database = SqliteDatabase(path)
     log = SqliteEventLog(database, max_events, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=1e6)
-    return SqliteTaskStore(database, CAP), log
+    return SqliteTaskStore(database, CAP, log), log
 
 
 async def close(tasks: SqliteTaskStore, log: SqliteEventLog) -> None:

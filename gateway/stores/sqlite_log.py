@@ -56,7 +56,7 @@ from gateway.events.log import (
 )
 from gateway.stores.sqlite import KNOWN_STATES, Committed, SqliteDatabase
 
-__all__ = ["SqliteEventLog"]
+__all__ = ["SqliteEventLog", "last_seq_plus_1"]
 
 
 FOLD_ROWS = 2048
@@ -67,12 +67,17 @@ DIRECT_ROWS = 16
 """An append of at least this many events, to a task with nothing staged, goes straight to `events`
 (it fills its pages there as well as in `staged`, and would only be moved again)."""
 
+
 # A task's staged seqs are above its seqs in events: staged first for the last, events first for the first.
-_LAST_SEQ = (
-    "coalesce((SELECT max(seq) FROM staged WHERE task = ?1),"
-    " (SELECT seq FROM events WHERE task = ?1 ORDER BY seq DESC LIMIT 1))"
-)
-_LAST_SEQ_PLUS_1 = f"coalesce({_LAST_SEQ} + 1, 0)"
+def last_seq_plus_1(task: str) -> str:
+    """SQL: the seq after the last event of the log of `task` (an SQL expression), 0 if it has none."""
+    return (
+        f"coalesce(coalesce((SELECT max(seq) FROM staged WHERE task = {task}),"
+        f" (SELECT seq FROM events WHERE task = {task} ORDER BY seq DESC LIMIT 1)) + 1, 0)"
+    )
+
+
+_LAST_SEQ_PLUS_1 = last_seq_plus_1("?1")
 _STAGED_FROM = "(SELECT min(seq) FROM staged WHERE task = ?1)"
 
 _LOG_STATE = f"""
@@ -472,6 +477,11 @@ class SqliteEventLog(EventLog):
                 self._wake(item.task_id)
             if not item.future.done():
                 item.future.set_result(first)
+
+    def reached(self, task_id: str, next_seq: int) -> bool:
+        """Whether the task's log, as last committed here, has a next seq of at least `next_seq`."""
+        state = self._known.get(task_id)
+        return state is not None and state.next_seq >= next_seq
 
     async def create(self, task_id: str) -> None:
         def create(connection: sqlite3.Connection) -> bool:
