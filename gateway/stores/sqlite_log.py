@@ -418,17 +418,7 @@ class SqliteEventLog(EventLog):
         if rows:
             # Never older than the last event: `created` never decreases by seq.
             created = last_created = item.clock if last_created is None else max(item.clock, last_created)
-            events = [(task_id, first + i, created, body) for i, body in enumerate(rows)]
-            if self._staged is None:
-                flush()
-            staged = self._staging(connection)
-            if task_id in staged or len(rows) < DIRECT_ROWS:
-                staging += events
-                staged.setdefault(task_id, first)
-                self._staged_rows += len(events)
-            else:
-                flush()
-                connection.executemany(_INSERT_EVENT, events)
+            self._put(connection, [(task_id, first + i, created, body) for i, body in enumerate(rows)], staging, flush)
             if earliest is None:
                 earliest, head_created = first, created
             keep_from = first + len(rows) - self._max_events
@@ -446,9 +436,6 @@ class SqliteEventLog(EventLog):
                 self._unstage(connection, task_id, math.inf)
                 _drop_older_than(connection, task_id, item.cutoff)
                 known = False
-            if self._staged_rows >= FOLD_ROWS:
-                flush()
-                self._fold(connection)
         if item.seal and not sealed:
             connection.execute("UPDATE logs SET sealed = 1 WHERE task = ?", (task_id,))
         if not (rows or item.seal):
@@ -462,6 +449,30 @@ class SqliteEventLog(EventLog):
             state = connection.execute(_LOG_STATE, (task_id,)).fetchone()
         self._keep_row(task_id, state)
         return first, _LogState.of(state), True
+
+    def _put(
+        self,
+        connection: sqlite3.Connection,
+        events: list[_EventRow],
+        staging: list[_EventRow],
+        flush: Callable[[], None],
+    ) -> None:
+        """Writer thread: one append's events (of one task, in seq order) to `staging`, to be staged; or
+        straight into `events` for a batch to a task with nothing staged. Folds once enough are staged."""
+        task_id, first = events[0][0], events[0][1]
+        if self._staged is None:
+            flush()
+        staged = self._staging(connection)
+        if task_id in staged or len(events) < DIRECT_ROWS:
+            staging += events
+            staged.setdefault(task_id, first)
+            self._staged_rows += len(events)
+            if self._staged_rows >= FOLD_ROWS:
+                flush()
+                self._fold(connection)
+        else:
+            flush()
+            connection.executemany(_INSERT_EVENT, events)
 
     def _appended(self, outcomes: list[tuple[_Append, _Appended]]) -> None:
         """On the loop, once committed: each append's log state remembered, its waiters woken, its caller
