@@ -56,16 +56,19 @@ async def test_many_tasks_appending_one_event_each_in_one_tick_are_staged_with_t
         await log.close()
 
 
-async def test_a_batch_goes_straight_to_events_unless_the_task_has_events_staged(tmp_path: Path) -> None:
+async def test_a_batch_goes_straight_to_events_after_its_tasks_staged_events(tmp_path: Path) -> None:
     path = tmp_path / "gateway.db"
     log = open_log(path)
     try:
-        await log.append("batched", [b"b"] * DIRECT_ROWS)
+        await log.append("other", [b"o"])
         await log.append("mixed", [b"one"])
-        await log.append("mixed", [b"m"] * DIRECT_ROWS)  # after a staged event: staged too, seqs stay in order
-        assert {task for task, _ in rows_in(path, "events")} == {"batched"}
-        assert rows_in(path, "staged") == [("mixed", seq) for seq in range(DIRECT_ROWS + 1)]
+        assert rows_in(path, "staged") == [("mixed", 0), ("other", 0)]
+        await log.append("mixed", [b"m"] * DIRECT_ROWS)  # the staged event moves first: seqs stay in order
+        assert rows_in(path, "events") == [("mixed", seq) for seq in range(DIRECT_ROWS + 1)]
+        assert rows_in(path, "staged") == [("other", 0)]  # no other task's events move
         assert await bodies(log, "mixed", after=-1, limit=2) == [(0, b"one"), (1, b"m")]
+        await log.append("mixed", [b"next"])
+        assert await bodies(log, "mixed", after=DIRECT_ROWS - 1) == [(DIRECT_ROWS, b"m"), (DIRECT_ROWS + 1, b"next")]
     finally:
         await log.close()
 

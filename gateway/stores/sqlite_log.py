@@ -10,11 +10,12 @@ Events are kept `(task, seq)` in order in `events`, but a small append goes to `
 insertion order: in `events` a commit of one event for each of 64 tasks writes 64 B-tree pages, in
 `staged` one or two. Once `FOLD_ROWS` events are staged, the append that reaches it moves them all
 into `events` in one statement (a fold: a few events per task per page). A task's staged seqs are
-always above its seqs in `events` (an append goes straight to `events` only for a task with nothing
-staged, and a fold moves everything), so a read takes each table's first events after its cursor and
-joins them. `staged` has an index on `(task, seq)` (its small entries add a few pages per commit, not
-one per task): a read never scans it. A write that deletes a task's staged events by count or age
-folds first; a file opened again folds what an earlier process left staged, at its first append.
+always above its seqs in `events` (a batch goes straight to `events` after its task's staged events
+are moved there, and a fold moves everything), so a read takes each table's first events after its
+cursor and joins them. `staged` has an index on `(task, seq)` (its small entries add a few pages per commit, not
+one per task): a read never scans it, and a write that deletes a task's staged events by count or
+age moves that task's into `events` first. A file opened again folds what an earlier process left
+staged, at its first append.
 
 The appends of one log between two of its other writes are one write job (`_Appends`): the writer
 thread takes them all, assigns their seqs from each log's row it keeps, and stages their events with
@@ -64,8 +65,8 @@ FOLD_ROWS = 2048
 the longer the one append that folds waits)."""
 
 DIRECT_ROWS = 16
-"""An append of at least this many events, to a task with nothing staged, goes straight to `events`
-(it fills its pages there as well as in `staged`, and would only be moved again)."""
+"""An append of at least this many events goes straight to `events` (it fills its pages there as well
+as in `staged`, and would only be moved again), its task's staged events moved there first."""
 
 
 # A task's staged seqs are above its seqs in events: staged first for the last, events first for the first.
@@ -104,6 +105,10 @@ _READ_BOTH = f"SELECT * FROM ({_READ_EVENTS}) UNION ALL SELECT * FROM ({_READ_ST
 """One statement, so one snapshot: a fold committed between two statements would hide the moved events."""
 
 _FOLD = "INSERT INTO events (task, seq, created, body) SELECT task, seq, created, body FROM staged ORDER BY task, seq"
+_FOLD_TASK = (
+    "INSERT INTO events (task, seq, created, body) SELECT task, seq, created, body FROM staged WHERE task = ?"
+    " ORDER BY seq"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,16 +275,21 @@ class SqliteEventLog(EventLog):
         """Writer thread: the tasks with staged events, first folding what is not known."""
         return self._fold(connection) if self._staged is None else self._staged
 
-    def _unstage(self, connection: sqlite3.Connection, task_id: str, below: float) -> None:
-        """Writer thread: fold first if the task has staged events below seq `below`, which are to be deleted."""
-        if self._staging(connection).get(task_id, math.inf) < below:
-            self._fold(connection)
+    def _unstage(self, connection: sqlite3.Connection, task_id: str, below: float = math.inf) -> None:
+        """Writer thread: if the task has staged events below seq `below` (to be deleted, or followed by
+        a batch written straight to `events`), move the task's staged events into `events` (its own
+        pages only: `staged` is indexed by task)."""
+        staged = self._staging(connection)
+        if staged.get(task_id, math.inf) < below:
+            connection.execute(_FOLD_TASK, (task_id,))
+            self._staged_rows -= connection.execute("DELETE FROM staged WHERE task = ?", (task_id,)).rowcount
+            del staged[task_id]
 
     def _trim_job(self, task_id: str, cutoff: float) -> Callable[[sqlite3.Connection], bool]:
         """The write that deletes the task's events created before `cutoff` (it wakes nobody)."""
 
         def trim(connection: sqlite3.Connection) -> bool:
-            self._unstage(connection, task_id, math.inf)
+            self._unstage(connection, task_id)
             _drop_older_than(connection, task_id, cutoff)
             return False
 
@@ -433,7 +443,7 @@ class SqliteEventLog(EventLog):
                 # earliest's, so the age check below still errs only towards a scan
             if item.cutoff is not None and head_created is not None and head_created < item.cutoff:
                 flush()
-                self._unstage(connection, task_id, math.inf)
+                self._unstage(connection, task_id)
                 _drop_older_than(connection, task_id, item.cutoff)
                 known = False
         if item.seal and not sealed:
@@ -457,13 +467,13 @@ class SqliteEventLog(EventLog):
         staging: list[_EventRow],
         flush: Callable[[], None],
     ) -> None:
-        """Writer thread: one append's events (of one task, in seq order) to `staging`, to be staged; or
-        straight into `events` for a batch to a task with nothing staged. Folds once enough are staged."""
+        """Writer thread: one append's events (of one task, in seq order) to `staging`, to be staged; or,
+        for a batch, straight into `events` (after the task's staged events). Folds once enough are staged."""
         task_id, first = events[0][0], events[0][1]
         if self._staged is None:
             flush()
         staged = self._staging(connection)
-        if task_id in staged or len(events) < DIRECT_ROWS:
+        if len(events) < DIRECT_ROWS:
             staging += events
             staged.setdefault(task_id, first)
             self._staged_rows += len(events)
@@ -472,6 +482,7 @@ class SqliteEventLog(EventLog):
                 self._fold(connection)
         else:
             flush()
+            self._unstage(connection, task_id)
             connection.executemany(_INSERT_EVENT, events)
 
     def _appended(self, outcomes: list[tuple[_Append, _Appended]]) -> None:
