@@ -71,7 +71,7 @@ def open_stores(
     """Both stores on one file, as `build_stores` makes them."""
     database = SqliteDatabase(path)
     log = SqliteEventLog(database, max_events, clock, max_event_age_s=max_event_age_s, tombstone_ttl_s=1e6)
-    return SqliteTaskStore(database, CAP), log
+    return SqliteTaskStore(database, CAP, log), log
 
 
 async def close(tasks: SqliteTaskStore, log: SqliteEventLog) -> None:
@@ -272,14 +272,14 @@ async def test_a_read_hands_out_nothing_past_the_bounds_the_loop_knows(tmp_path:
     try:
         await log.append("t", [b"a", b"b"])
         held: list[tuple[str, object]] = []
-        committed = log._committed
-        log._committed = lambda task_id, done: held.append((task_id, done))  # type: ignore[method-assign]
-        await log.append("t", [b"c"])  # committed in the file; its callback not run yet
+        committed = log._known.committed
+        log._known.committed = lambda task_id, state: held.append((task_id, state))  # type: ignore[method-assign]
+        await log.append("t", [b"c"])  # committed in the file; the loop's state not updated yet
         assert [event.seq for event in await log.read("t", -1, 10)] == [0, 1]
         assert await log.bounds("t") == LogBounds(earliest=0, next_seq=2)
-        log._committed = committed  # type: ignore[method-assign]
-        for task_id, done in held:
-            committed(task_id, done)  # type: ignore[arg-type]
+        log._known.committed = committed  # type: ignore[method-assign]
+        for task_id, state in held:
+            committed(task_id, state)  # type: ignore[arg-type]
         assert [event.body for event in await log.read("t", 1, 10)] == [b"c"]
         assert await log.bounds("t") == LogBounds(earliest=0, next_seq=3)
     finally:
@@ -485,7 +485,7 @@ async def test_a_file_of_schema_version_1_is_migrated_and_its_outcomes_count_as_
     finally:
         await store.close()
     with sqlite3.connect(path) as reopened:
-        assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert reopened.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 # ------------------------------------------------------------------------------------------ a real gateway

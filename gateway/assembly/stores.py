@@ -73,7 +73,7 @@ def build_stores(config: Config, metrics: Metrics | None = None) -> Stores:
         sqlite_log = SqliteEventLog(
             database, retention.max_events_per_task, max_event_age_s=max_age, tombstone_ttl_s=tombstone_ttl
         )
-        return Stores(SqliteTaskStore(database, cap), sqlite_log, secret=database.secret)
+        return Stores(SqliteTaskStore(database, cap, sqlite_log), sqlite_log, secret=database.secret)
     if kind == "redis":
         # Imported only when chosen: the redis client costs about 6 MiB of memory a gateway on another
         # store does not need.

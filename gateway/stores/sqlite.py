@@ -40,7 +40,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteDatabase", "StoreUnavailable", "Synchronous"
 T = TypeVar("T")
 Synchronous = Literal["normal", "full"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """`PRAGMA user_version` of the files this code writes; a file with a newer one is refused, an older one
 is brought up to date (`MIGRATIONS`) when opened."""
 
@@ -87,9 +87,21 @@ CREATE TABLE IF NOT EXISTS events (
     body BLOB NOT NULL,
     PRIMARY KEY (task, seq)
 ) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS staged (
+    id INTEGER PRIMARY KEY,  -- insertion order: a commit of one event for each of many tasks fills one page
+    task TEXT NOT NULL,
+    seq INTEGER NOT NULL,  -- each task's staged seqs are above all of its seqs in events
+    created REAL NOT NULL,
+    body BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS staged_by_task ON staged (task, seq);  -- small entries: few pages per commit
 """
 
-MIGRATIONS: dict[int, str] = {1: "ALTER TABLE tasks ADD COLUMN outcome_replaced INTEGER NOT NULL DEFAULT 0;"}
+MIGRATIONS: dict[int, str] = {
+    1: "ALTER TABLE tasks ADD COLUMN outcome_replaced INTEGER NOT NULL DEFAULT 0;",
+    2: "",  # the `staged` table, which SCHEMA creates; the version tells an older gateway to refuse the file
+}
 """From a file's schema version to the next: what brings it up to date (`SCHEMA` creates what is missing)."""
 
 Write = Callable[[sqlite3.Connection], Any]

@@ -2,7 +2,10 @@
 
 One row per task: the record as JSON (`TaskRecord.to_dict`), with the columns the store queries or
 changes on its own beside it (owner, status, expiry, the log's `next_seq`) and the terminal outcome's
-bytes (and whether an eviction replaced them). The row's autoincrement `number` is the creation
+bytes (and whether an eviction replaced them). A record's `next_seq` is read as the larger of its
+column and the next seq of the task's log in the same file (`SqliteEventLog`), so an append that
+advances it needs no write of its own: `advance_next_seq` writes the column only for a seq the log
+(as this process last committed it) has not reached. The row's autoincrement `number` is the creation
 order: `list_owned`'s order and cursor, never reused, also across restarts. Compare-and-set updates
 are atomic because one writer runs them all (`gateway.stores.sqlite`).
 
@@ -22,13 +25,18 @@ import sqlite3
 import orjson
 
 from gateway.stores.sqlite import Committed, SqliteDatabase
+from gateway.stores.sqlite_log import SqliteEventLog, last_seq_plus_1
 from gateway.tasks.records import TaskRecord, TaskStatus
 from gateway.tasks.store import InvalidCursor, LiveRecord, TaskExists, TaskPage, TaskStore
 
 __all__ = ["SqliteTaskStore"]
 
-_COLUMNS = "record, status, next_seq"
-"""What a record is read back from (`_record`)."""
+_COLUMNS = (
+    "record, status,"
+    f" max(next_seq, coalesce((SELECT max(logs.next_seq, {last_seq_plus_1('tasks.id')})"
+    " FROM logs WHERE logs.task = tasks.id), 0))"
+)
+"""What a record is read back from (`_record`): its `next_seq` the larger of the column's and its log's."""
 
 
 def _record(row: tuple[bytes, str, int]) -> TaskRecord:
@@ -39,9 +47,12 @@ def _record(row: tuple[bytes, str, int]) -> TaskRecord:
 class SqliteTaskStore(TaskStore):
     """Records by id in one SQLite file, each owner's in creation order, the kept outcomes beside them."""
 
-    def __init__(self, database: SqliteDatabase, max_outcome_bytes: int) -> None:
+    def __init__(self, database: SqliteDatabase, max_outcome_bytes: int, log: SqliteEventLog | None = None) -> None:
+        """`log`: the event log in the same file, whose next seqs make the records' (None: every
+        `advance_next_seq` writes)."""
         super().__init__(max_outcome_bytes)
         self._db = database.acquire()
+        self._log = log
         self._known: Committed[TaskRecord] = Committed()
         """Records as last committed here (this process is the file's only writer)."""
         self._ids: set[str] | None = None
@@ -202,6 +213,9 @@ class SqliteTaskStore(TaskStore):
                 known = dataclasses.replace(known, next_seq=next_seq)
             self._known.committed(task_id, known)
 
+        if self._log is not None and self._log.reached(task_id, next_seq):
+            committed(None)  # the log's committed events hold it: a read of the row derives it from them
+            return
         await self._db.submit(update, committed)
 
     async def unfinished(self) -> list[TaskRecord]:
