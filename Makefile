@@ -94,8 +94,12 @@ redis-server:
 timed = @$(info $(1))start=$$(date +%s); $(1); status=$$?; \
 	echo "make $@: $$(($$(date +%s) - start)) s"; exit $$status
 
+# Two pytest-xdist workers, one test module each (modules share fixtures; the tests mostly wait on
+# the processes they start): `make test WORKERS=0` runs everything in one process.
+WORKERS ?= 2
+
 test: $(TEST_STAMP) node_modules redis-server
-	$(call timed,$(BIN)/python -m pytest -q $(ARGS))
+	$(call timed,$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile $(ARGS))
 
 # The fast lane: the tests that start no process (see tests/conftest.py, --in-process), on two
 # pytest-xdist workers (they are CPU-bound: one per core); about a minute.
