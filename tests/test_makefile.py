@@ -227,7 +227,8 @@ def test_make_test_fast_runs_the_in_process_lane_prints_its_duration_and_keeps_t
     assert "ran: -m pytest -q --in-process -n 2 -k a, b" in lines, done.stdout
     assert lines[-1].startswith("make test-fast: ") and lines[-1].endswith(" s"), done.stdout
     planned = dry_run(tmp_path, python, "test").stdout
-    assert "-m pytest -q \n" in planned and 'echo "make test: ' in planned, planned  # the whole suite, timed
+    # The whole suite, on two workers a module each, timed:
+    assert "-m pytest -q -n 2 --dist loadfile \n" in planned and 'echo "make test: ' in planned, planned
 
 
 def test_the_in_process_lane_skips_a_test_when_it_starts_a_process(tmp_path: Path) -> None:
