@@ -22,6 +22,7 @@ from gateway.protocol.sse import SseParser
 from gateway.tasks.task_ids import map_task_ids
 from gateway.upstream.http import _decode_event
 from tests.conftest import start_gateway
+from tests.test_http_upstream import scripted
 from tests.wire import ACCEPT, MODERN, envelope
 
 # Written as no serialiser of the gateway's would: spaces, `id` last, an escaped é, a trailing zero.
@@ -138,17 +139,8 @@ async def scripted_upstream(tools_call: Answer) -> AsyncIterator[str]:
         result["serverInfo"] = {"name": "scripted", "version": "1"}
         return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
 
-    app = web.Application()
-    app.router.add_route("*", "/mcp", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        await runner.cleanup()
+    async with scripted(handler) as url:
+        yield url
 
 
 async def call_through_gateway(tools_call: Answer) -> tuple[int, str, bytes]:
