@@ -111,7 +111,7 @@ def test_the_sse_parser_hands_over_data_undecoded() -> None:
     assert jsonrpc.encode(message) == PROGRESS
 
 
-def test_sse_data_that_is_not_utf8_is_read_as_text_and_serialised_again() -> None:
+def test_sse_data_that_is_not_utf8_is_read_as_text_and_relayed_as_utf8() -> None:
     (event,) = SseParser().feed(b'data: {"jsonrpc":"2.0","method":"m","params":{"x":"\xff"}}\n\n')
     message = _decode_event(event)
     assert message == {"jsonrpc": "2.0", "method": "m", "params": {"x": "\ufffd"}}

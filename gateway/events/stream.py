@@ -151,7 +151,7 @@ async def run_stream(
                 # Never read past the tail: the stream would run ahead of its blocks and never share them.
                 cursor = await seat.wait(cursor, write)
                 continue
-            if not seat.live and caught_up and (pause := pacer.pause()) > 0:
+            if seat.live is None and caught_up and (pause := pacer.pause()) > 0:
                 # Without a tail, at most one write per interval: a bounded number of writes per second.
                 await asyncio.sleep(pause)
             read = await _read(log, task_id, cursor, seat.limit(cursor, batch), resets, outage)
@@ -219,8 +219,9 @@ class _Seat:
         self.tail: SharedTail | None = None
 
     @property
-    def live(self) -> bool:
-        return self.tail is not None and not self.tail.retired
+    def live(self) -> SharedTail | None:
+        """The tail while it runs (None before the stream caught up, or once the tail stopped)."""
+        return self.tail if self.tail is not None and not self.tail.retired else None
 
     def block_at(self, cursor: int) -> Block | None:
         """The tail's latest block if it starts at `cursor`."""
@@ -229,14 +230,14 @@ class _Seat:
 
     def ahead(self, cursor: int) -> bool:
         """Whether `cursor` is at or past the live tail's head: nothing to read that the tail has not."""
-        return self.tail is not None and not self.tail.retired and cursor >= self.tail.head
+        return (tail := self.live) is not None and cursor >= tail.head
 
     def limit(self, cursor: int, batch: int) -> int:
         """Events to read from `cursor`: up to the live tail's head, never past it."""
-        return min(batch, self.tail.head - cursor) if self.tail is not None and not self.tail.retired else batch
+        return min(batch, tail.head - cursor) if (tail := self.live) is not None else batch
 
     def join(self, cursor: int) -> None:
-        if self.tail is not None and not self.tail.retired:
+        if self.live is not None:
             return
         if self.tail is not None:
             self.tail.leave()

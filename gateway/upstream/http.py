@@ -13,10 +13,8 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 
 import aiohttp
-import orjson
 from multidict import CIMultiDict
 
 from gateway.buffers import BufferBudget
@@ -297,7 +295,7 @@ class HttpChannel(UpstreamChannel):
         if body is None:
             exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream response larger than {MAX_MESSAGE_BYTES} bytes")
             return
-        message = _decode(body)
+        message = jsonrpc.received(body)
         if message is None:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream answered with a body that is not a JSON-RPC message")
             return
@@ -309,7 +307,7 @@ class HttpChannel(UpstreamChannel):
 
     async def _deliver_http_error(self, exchange: Exchange, response: aiohttp.ClientResponse) -> None:
         body = await _read_limited(response, MAX_ERROR_BODY_BYTES, truncate=True) or b""
-        message = _decode(body)
+        message = jsonrpc.received(body)
         if message is not None and isinstance(message.get("error"), dict) and "method" not in message:
             # The SDK answers transport errors with id null; the error belongs to this request.
             message["id"] = exchange.request_id
@@ -583,10 +581,6 @@ class HttpUpstream(Upstream):
         )
 
 
-def _decode(body: bytes) -> Message | None:
-    return jsonrpc.received(body)
-
-
 def _decode_event(event: SseEvent) -> Message | None:
     """The JSON-RPC message in an SSE event, or None for priming events and anything unusable."""
     if not event.raw:
@@ -597,19 +591,11 @@ def _decode_event(event: SseEvent) -> Message | None:
     # Parsed from the bytes as received, which it keeps for the relay; text that is not UTF-8 is
     # read as decoded (with replacement characters), as the gateway always did, and serialised again.
     message = jsonrpc.received(event.raw)
-    if message is None:
-        message = _decode_text(event.data)
+    if message is None and not event.data.isascii():
+        message = jsonrpc.received(event.data.encode())
     if message is None:
         logger.warning("ignoring upstream SSE event that is not a JSON-RPC message: %.200s", event.data)
     return message
-
-
-def _decode_text(data: str) -> Message | None:
-    try:
-        value: Any = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 async def _read_limited(response: aiohttp.ClientResponse, limit: int, *, truncate: bool = False) -> bytes | None:
