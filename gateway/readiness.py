@@ -33,6 +33,8 @@ from gateway.metrics import Metrics
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION
 from gateway.protocol.jsonrpc import Message
 from gateway.upstream.base import Upstream
+from gateway.upstream.bridge.eras import UpstreamEras
+from gateway.upstream.bridge.upstream import BridgingUpstream
 
 log = logging.getLogger("gateway.readiness")
 
@@ -57,6 +59,8 @@ class UpstreamState:
     """Why the upstream is not usable (None when it is)."""
     since: float
     """Wall-clock time of the last change of status."""
+    era: UpstreamEras | None = None
+    """The eras the upstream speaks, once learnt (an upstream behind the era seam)."""
 
     @property
     def ready(self) -> bool:
@@ -68,6 +72,8 @@ class UpstreamState:
         body: dict[str, Any] = {"status": self.status, "since": since}
         if self.reason is not None:
             body["reason"] = self.reason
+        if self.era is not None:
+            body["era"] = self.era.label
         return body
 
 
@@ -116,6 +122,7 @@ class Readiness(BackgroundLoop):
         self, upstream: Upstream, name: str, config: ReadinessConfig, check_timeout_s: float, metrics: Metrics
     ) -> None:
         self._upstream = upstream
+        self._era: UpstreamEras | None = None
         self._name = name
         self._config = config
         self._check_timeout_s = check_timeout_s
@@ -141,7 +148,11 @@ class Readiness(BackgroundLoop):
             except TimeoutError:
                 await exchange.cancel()
                 return f"initialize not answered within {self._check_timeout_s:g} s"
-        return None if exchange.failure_detail is None else f"initialize failed: {exchange.failure_detail}"
+        if exchange.failure_detail is not None:
+            return f"initialize failed: {exchange.failure_detail}"
+        if isinstance(self._upstream, BridgingUpstream):
+            self._era = await self._upstream.learn_eras()
+        return None
 
     async def _run(self) -> None:
         delays = retry_delays(self._config.retry_initial_s, self._config.retry_max_s)
@@ -166,13 +177,15 @@ class Readiness(BackgroundLoop):
     def _record(self, problem: str | None) -> None:
         previous = self._state
         status: Status = "ready" if problem is None else "unready"
-        self._state = UpstreamState(status, problem, previous.since if status == previous.status else time.time())
+        since = previous.since if status == previous.status else time.time()
+        self._state = UpstreamState(status, problem, since, self._era)
         self._metrics.upstream_ready.set(1 if problem is None else 0)
         self._metrics.upstream_checks.labels(outcome="usable" if problem is None else "unusable").inc()
         if status == previous.status:
             return
         if problem is None:
-            log.info("upstream %s %s", self._name, "ready" if previous.status == "starting" else "usable again")
+            era = f" ({self._era.describe()})" if self._era is not None else ""
+            log.info("upstream %s %s%s", self._name, "ready" if previous.status == "starting" else "usable again", era)
         else:
             log.warning(
                 "upstream %s not usable%s (%s); checking again in the background, /readyz answers 503 until it is",

@@ -25,7 +25,7 @@ class OneConversation(UpstreamChannel, Upstream):
         return self
 
     def stateless(
-        self, affinity: str | None = None, *, beside: bool = False
+        self, affinity: str | None = None, *, beside: bool = False, owner: str | None = None
     ) -> AbstractAsyncContextManager[UpstreamChannel]:
         raise AssertionError("unexpected stateless request")
 

@@ -151,7 +151,7 @@ class ScriptedUpstream(OneConversation):
         return {"result": {"resultType": "complete"}}  # SEP-2663 tasks/cancel, tasks/update
 
     def stateless(
-        self, affinity: str | None = None, *, beside: bool = False
+        self, affinity: str | None = None, *, beside: bool = False, owner: str | None = None
     ) -> AbstractAsyncContextManager[UpstreamChannel]:
         @asynccontextmanager
         async def channel() -> AsyncIterator[UpstreamChannel]:

@@ -13,6 +13,7 @@ from gateway.config import Config
 from gateway.deadlines import RequestDeadlines
 from gateway.metrics import Metrics
 from gateway.upstream.base import Upstream
+from gateway.upstream.bridge.upstream import BridgingUpstream
 from gateway.upstream.credentials import ClientCredentials
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
@@ -38,12 +39,19 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
+def bridged(link: Upstream, config: Config) -> BridgingUpstream:
+    """`link` behind the era seam, with the bridges for the eras it may not speak."""
+    return BridgingUpstream(link, config.upstream.era, config.server.initialize_timeout_s)
+
+
 def start_upstream(
     app: web.Application, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
 ) -> Upstream:
-    """`given`, or the upstream `[upstream]` configures, started with the app and closed when it stops."""
-    upstream = given or build_upstream(config, metrics, budget)
-    if isinstance(upstream, StdioUpstream):
+    """`given` (used as it is), or the upstream `[upstream]` configures behind the era seam (a client of
+    either era carried to it), started with the app and closed when it stops."""
+    upstream = given or bridged(build_upstream(config, metrics, budget), config)
+    link = upstream.link if isinstance(upstream, BridgingUpstream) else upstream
+    if isinstance(link, StdioUpstream):
         metrics.limits.labels(limit="upstream.stdio.max_processes").set(config.upstream.stdio.max_processes)
 
     async def running(_: web.Application) -> AsyncIterator[None]:

@@ -34,6 +34,7 @@ from gateway.config.tasks import (
     ToolTaskPolicy,
 )
 from gateway.config.upstream import (
+    BridgeConfig,
     HttpUpstreamConfig,
     ReadinessConfig,
     StdioConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "AuthLimits",
     "AuthMode",
     "AuthRule",
+    "BridgeConfig",
     "CaptureRule",
     "ClaimValue",
     "Config",

@@ -62,9 +62,26 @@ class UpstreamAuthConfig(Section):
         return self
 
 
+class BridgeConfig(Section):
+    """How the gateway carries a client of one era to an upstream that speaks only the other."""
+
+    max_sessions: int = Field(default=64, gt=0)
+    """Upstream legacy sessions held for 2026-07-28 clients at once (one per principal and declared
+    client capabilities); the least recently used idle one is closed to make room."""
+    session_idle_s: float = Field(default=300.0, gt=0)
+    """A bridged upstream session that carried no request for this long is closed."""
+    input_timeout_s: float = Field(default=300.0, gt=0)
+    """How long an upstream call waits, held, for the client's MRTR retry with `inputResponses`; past
+    it the call is cancelled upstream and its `requestState` expires."""
+
+
 class UpstreamConfig(Section):
     url: str | None = None
     command: list[str] | None = None
+    era: Literal["auto", "legacy", "modern"] = "auto"
+    """The protocol era the upstream speaks. auto: learnt (`server/discover`, then `initialize`);
+    legacy: 2025-11-25 only, so 2026-07-28 clients are bridged; modern: 2026-07-28 only, so 2025-11-25
+    clients are bridged."""
     request_timeout_s: float = Field(default=300.0, ge=0)
     """How long the upstream may take to answer a forwarded request before the gateway answers it with
     an error and cancels it upstream (0: no deadline). A `[[tasks.tools]]` entry may override it."""
@@ -72,6 +89,7 @@ class UpstreamConfig(Section):
     http: HttpUpstreamConfig = Field(default_factory=HttpUpstreamConfig)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
     auth: UpstreamAuthConfig = Field(default_factory=UpstreamAuthConfig)
+    bridge: BridgeConfig = Field(default_factory=BridgeConfig)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -321,7 +321,7 @@ class McpEndpoint:
                 affinity = state if isinstance(state, str) else None
                 # A forwarded tasks/stream (the upstream serves it) lasts as long as its task: beside the rest.
                 beside = message["method"] == "tasks/stream"
-                stateless = self._upstream.stateless(affinity, beside=beside)
+                stateless = self._upstream.stateless(affinity, beside=beside, owner=principal.owner)
                 leased.append(await call.resources.enter_async_context(stateless))
             return leased[0]
 

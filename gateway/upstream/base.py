@@ -383,13 +383,14 @@ class Upstream(ABC):
 
     @abstractmethod
     def stateless(
-        self, affinity: str | None = None, *, beside: bool = False
+        self, affinity: str | None = None, *, beside: bool = False, owner: str | None = None
     ) -> AbstractAsyncContextManager[UpstreamChannel]:
         """A channel for one modern (2026-07-28) request, held for that request's lifetime.
 
         `affinity` is a multi-round-trip request's echoed `requestState`, or a task's id: the request
         must reach the conversation that issued it (see `pin`). `beside`: the request (a forwarded
-        tasks/stream) may share that conversation with the request holding it, rather than wait its turn."""
+        tasks/stream) may share that conversation with the request holding it, rather than wait its turn.
+        `owner`: the principal the request is for (an era bridge keeps upstream sessions per principal)."""
 
     @abstractmethod
     def pin(self, affinity: str, channel: UpstreamChannel) -> None:

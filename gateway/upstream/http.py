@@ -555,7 +555,9 @@ class HttpUpstream(Upstream):
         return channel
 
     @contextlib.asynccontextmanager
-    async def stateless(self, affinity: str | None = None, *, beside: bool = False) -> AsyncIterator[HttpChannel]:
+    async def stateless(
+        self, affinity: str | None = None, *, beside: bool = False, owner: str | None = None
+    ) -> AsyncIterator[HttpChannel]:
         if self._shared is None:
             raise RuntimeError("HttpUpstream.start() was not awaited")
         yield self._shared

@@ -793,7 +793,9 @@ class StdioUpstream(Upstream):
             await channel.close()
 
     @asynccontextmanager
-    async def stateless(self, affinity: str | None = None, *, beside: bool = False) -> AsyncIterator[UpstreamChannel]:
+    async def stateless(
+        self, affinity: str | None = None, *, beside: bool = False, owner: str | None = None
+    ) -> AsyncIterator[UpstreamChannel]:
         channel = self._pinned.get(affinity) if affinity is not None else None
         if beside and channel is not None and not channel.closed:
             # A tasks/stream of a task this process holds runs beside its other requests (its events
