@@ -46,6 +46,7 @@ class UpstreamEras:
     modern: bool
 
     def speaks(self, era: Era) -> bool:
+        # The era seam's one question: is this client's era one the upstream speaks?
         return self.legacy if era is Era.LEGACY else self.modern
 
     @property

@@ -1,0 +1,120 @@
+"""The official conformance suite's 2026-07-28 requirements, through the gateway in front of a legacy-only
+server, next to the same suite against that server speaking 2026-07-28 natively.
+
+The server is the Python SDK's own conformance "everything" server (tests/servers/conformance_everything_server.py):
+natively it passes the suite's 2026-07-28 requirements but for the tasks extension, which it does not
+implement. With `--legacy-only` it refuses every request outside a 2025-11-25 session, as stateful
+legacy servers do, so everything a 2026-07-28 client gets through the gateway is bridged (`[upstream]
+era = "auto"` learns that the upstream speaks 2025-11-25 only).
+
+Both runs are recorded per scenario (checks passed, checks not passed), printed side by side, and every
+scenario whose result differs must be one `DIFFERENCES` explains: a new difference, or one that went
+away, fails the test until it is understood and written down (docs/gateway.md, "Bridging the eras",
+has the same table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.conftest import ROOT, RunningGateway, serve_http, start_gateway, stop_process
+from tests.test_official_suite import suite_command
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVER = [sys.executable, str(ROOT / "tests" / "servers" / "conformance_everything_server.py")]
+RUN_TIMEOUT_S = 240.0
+"""Seconds one whole run of the requirement set may take (it takes a few seconds)."""
+
+SCENARIO_LINE = re.compile(r"^[✓✗] (?P<scenario>\S+): (?P<passed>\d+) passed, (?P<failed>\d+) failed$", re.MULTILINE)
+
+DIFFERENCES: dict[str, str] = {}
+"""Scenario → why it scores differently through the gateway in front of the legacy-only server than
+against the server natively."""
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    passed: int
+    not_passed: int
+
+    @property
+    def checks(self) -> int:
+        return self.passed + self.not_passed
+
+
+async def run_requirements(url: str, out: Path, name: str) -> dict[str, Score]:
+    """The suite's 2026-07-28 requirement set against `url` (its output in `out`, under `name`): each
+    scenario's checks passed and not passed."""
+    log = out / f"{name}.log"
+    args = ["server", "--url", url, "--requirements", "2026-07-28", "--output-dir", str(out / name)]
+    with log.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            *suite_command(),
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=sink,
+            stderr=sink,
+            cwd=out,
+            start_new_session=True,
+        )
+    try:
+        async with asyncio.timeout(RUN_TIMEOUT_S):
+            await proc.wait()
+    finally:
+        await stop_process(proc)
+    output = log.read_text(encoding="utf-8", errors="replace")
+    # The summary has one line per scenario, also for one that ended before writing its checks.
+    scores = {
+        match["scenario"]: Score(int(match["passed"]), int(match["failed"])) for match in SCENARIO_LINE.finditer(output)
+    }
+    assert scores, f"the suite reported no scenario:\n{output}"
+    return scores
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def native_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    log = tmp_path_factory.mktemp("native") / "server.log"
+    async with serve_http(SERVER, log=log, port_option="--port") as url:
+        yield url
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bridged(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningGateway]:
+    log = tmp_path_factory.mktemp("legacy") / "server.log"
+    async with (
+        serve_http(SERVER, "--legacy-only", log=log, port_option="--port") as upstream_url,
+        start_gateway(upstream_url=upstream_url) as gateway,
+    ):
+        yield gateway
+
+
+async def test_the_2026_requirements_score_through_the_bridge_as_natively_but_for_the_explained(
+    native_url: str, bridged: RunningGateway, tmp_path: Path
+) -> None:
+    native = await run_requirements(native_url, tmp_path, "native")
+    through = await run_requirements(bridged.url, tmp_path, "bridged")
+    assert set(native) == set(through), (sorted(native), sorted(through))
+    table = [f"{'scenario':48} {'native':>9} {'bridged':>9}"]
+    for scenario in sorted(native):
+        n, b = native[scenario], through[scenario]
+        table.append(
+            f"{scenario:48} {n.passed:>4}/{n.passed + n.not_passed:<4} {b.passed:>4}/{b.passed + b.not_passed:<4}"
+        )
+    totals = [sum(s.passed for s in scores.values()) for scores in (native, through)]
+    checks = [sum(s.checks for s in scores.values()) for scores in (native, through)]
+    table.append(f"{'total':48} {totals[0]:>4}/{checks[0]:<4} {totals[1]:>4}/{checks[1]:<4}")
+    print("\n".join(table))  # the record: `pytest -s` shows it; docs/gateway.md has the explained rows
+    differing = {scenario for scenario in native if native[scenario] != through[scenario]}
+    unexplained = sorted(differing - set(DIFFERENCES))
+    assert not unexplained, "scores differ without an explanation:\n" + "\n".join(table)
+    explained_but_equal = sorted(set(DIFFERENCES) - differing)
+    assert not explained_but_equal, f"explained differences that no longer exist: {explained_but_equal}"
