@@ -16,8 +16,8 @@ Tools:
 * ``echo(text)``: returns the text;
 * ``count(n=3, delay=0)``: ``n`` progress notifications (``progress`` 1..n, ``total`` n, message ``step i``),
   each after ``delay`` s, and an ``info`` log ``counting to n`` first, then ``counted to n``;
-* ``wait(seconds=30)``: sleeps, then ``waited``; a cancelled call never finishes, and ``stats()`` shows it;
-* ``stats()``: text JSON ``{"waits_started": N, "waits_finished": N, "waits_cancelled": N}``;
+* ``wait(seconds=30, marker="")``: sleeps, then ``waited``; appends ``started``, then ``finished`` or ``cancelled``
+  (one flushed line each) to the file ``marker``, so a test sees a cancel reach the server;
 * ``ask(question="Your name?")``: the 2026 way of asking mid-call (MRTR): the first round returns an
   ``InputRequiredResult`` with an ``elicitation/create`` form under ``name`` and a ``sampling/createMessage``
   under ``summary``, and a ``requestState``; the retry carrying ``inputResponses`` (and the echoed state)
@@ -33,7 +33,6 @@ Resource ``memo://greeting`` (text ``hello from modern-only``); prompt ``greet(n
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from typing import Any
 
@@ -42,6 +41,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, InputRequiredResult
+from pydantic import BaseModel
 
 MODERN = "2026-07-28"
 
@@ -60,10 +60,20 @@ async def refuse_handshake(ctx: ServerRequestContext[Any, Any], call_next: CallN
     return await call_next(ctx)
 
 
+def mark(path: str, line: str) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
+def plain(answer: Any) -> dict[str, Any]:
+    """An input response as JSON (the SDK hands the tool its parsed model)."""
+    return answer.model_dump(by_alias=True, exclude_none=True) if isinstance(answer, BaseModel) else dict(answer)
+
+
 def build_server() -> MCPServer[None]:
     server: MCPServer[None] = MCPServer("modern-only-server", version="0.1.0", log_level="WARNING")
     server.middleware.append(refuse_handshake)
-    waits = {"waits_started": 0, "waits_finished": 0, "waits_cancelled": 0}
 
     async def echo(text: str) -> str:
         """Return the text unchanged."""
@@ -80,20 +90,16 @@ def build_server() -> MCPServer[None]:
             await ctx.report_progress(i, n, f"step {i}")
         return f"counted to {n}"
 
-    async def wait(seconds: float = 30.0) -> str:
-        """Sleep for `seconds`, then answer; stats() counts the waits started, finished and cancelled."""
-        waits["waits_started"] += 1
+    async def wait(seconds: float = 30.0, marker: str = "") -> str:
+        """Sleep for `seconds`, then answer; appends `started`, then `finished` or `cancelled`, to `marker`."""
+        mark(marker, "started")
         try:
             await anyio.sleep(seconds)
         except anyio.get_cancelled_exc_class():
-            waits["waits_cancelled"] += 1
+            mark(marker, "cancelled")
             raise
-        waits["waits_finished"] += 1
+        mark(marker, "finished")
         return "waited"
-
-    async def stats() -> str:
-        """The waits started, finished and cancelled, as JSON."""
-        return json.dumps(waits)
 
     async def ask(ctx: Context, question: str = "Your name?") -> str | InputRequiredResult:
         """Ask for a name (elicitation) and a summary (sampling) the 2026 way, then greet."""
@@ -118,8 +124,7 @@ def build_server() -> MCPServer[None]:
             )
         if ctx.request_state != "asked-once":
             raise MCPError(-32602, f"unexpected requestState {ctx.request_state!r}")
-        form = dict(answers["name"])
-        sampled = dict(answers["summary"]).get("content", {})
+        form, sampled = plain(answers["name"]), plain(answers["summary"]).get("content", {})
         if form.get("action") != "accept":
             return f"No name ({form.get('action')})"
         return f"Hello, {form.get('content', {}).get('name')}! {sampled.get('text')}"
@@ -134,7 +139,7 @@ def build_server() -> MCPServer[None]:
         await ctx.notify_tools_changed()
         return f"added {name}"
 
-    for fn in (echo, count, wait, stats, ask, add_tool):
+    for fn in (echo, count, wait, ask, add_tool):
         server.add_tool(fn, structured_output=False)
 
     @server.resource("memo://greeting", mime_type="text/plain")
