@@ -24,7 +24,9 @@ Tools:
   answers ``Hello, <name>! <sampled text>`` (``No name (<action>)`` when the form was not accepted);
 * ``add_tool(name)``: registers a tool ``name`` (it echoes) and publishes ``tools`` list-changed, which goes out
   as ``notifications/tools/list_changed`` on every ``subscriptions/listen`` that asked for it (the SDK's
-  ``ListenHandler``).
+  ``ListenHandler``);
+* ``touch(uri)``: publishes an update of ``uri``: ``notifications/resources/updated`` on every listen whose
+  ``resourceSubscriptions`` name it.
 
 Resource ``memo://greeting`` (text ``hello from modern-only``); prompt ``greet(name)`` (one user message
 ``Say hello to <name>.``). ``server/discover`` declares tools/prompts/resources with ``listChanged``.
@@ -139,7 +141,12 @@ def build_server() -> MCPServer[None]:
         await ctx.notify_tools_changed()
         return f"added {name}"
 
-    for fn in (echo, count, wait, ask, add_tool):
+    async def touch(ctx: Context, uri: str) -> str:
+        """Tell subscriptions/listen streams subscribed to `uri` that it changed."""
+        await ctx.notify_resource_updated(uri)
+        return f"touched {uri}"
+
+    for fn in (echo, count, wait, ask, add_tool, touch):
         server.add_tool(fn, structured_output=False)
 
     @server.resource("memo://greeting", mime_type="text/plain")

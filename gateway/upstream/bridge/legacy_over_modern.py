@@ -34,7 +34,7 @@ from gateway.protocol.era import (
     PROTOCOL_VERSION_KEY,
     TASKS_EXTENSION,
 )
-from gateway.protocol.jsonrpc import Message, RequestId
+from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
 from gateway.upstream.stdio import SUBSCRIPTION_ID_KEY
 
@@ -134,6 +134,8 @@ class BridgedSession(UpstreamChannel):
         """Server-to-client requests made from an upstream's `inputRequests`, by the id the gateway gave."""
         self._work: set[asyncio.Task[None]] = set()
         self._listen: asyncio.Task[None] | None = None
+        self._parked = False
+        """The listen was ended to give its pooled stdio process back (`park`); `resume` reopens it."""
         self._closed = False
 
     # -- the channel -------------------------------------------------------------------------------
@@ -186,6 +188,22 @@ class BridgedSession(UpstreamChannel):
         if self._on_close is not None:
             self._on_close(self)
 
+    async def park(self) -> bool:
+        """An idle session on a stdio upstream gives back the process its `subscriptions/listen` holds
+        (list changes meanwhile are lost, as a parked 2025-11-25 session loses its process's state)."""
+        listen = self._listen
+        if self._link.shared_stateless or listen is None or self._calls:
+            return False
+        self._listen, self._parked = None, True
+        listen.cancel()
+        await asyncio.gather(listen, return_exceptions=True)
+        return True
+
+    async def resume(self) -> None:
+        if self._parked:
+            self._parked = False
+            await self._listen_again()
+
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
         self._work.add(task)
@@ -210,6 +228,8 @@ class BridgedSession(UpstreamChannel):
             else:
                 final = await self._forward(exchange, message)
             await exchange.deliver(final)
+        except Overloaded as error:  # no pooled upstream process free in time: the client may retry
+            exchange.fail(error.code, error.message, error.data)
         except Exception:
             log.exception("the era bridge failed to serve %s", method)
             exchange.fail(jsonrpc.INTERNAL_ERROR, f"Internal error: the gateway could not bridge {method}")
@@ -379,13 +399,17 @@ class BridgedSession(UpstreamChannel):
         return {"jsonrpc": "2.0", "id": message["id"], "result": {}}
 
     def _listen_filter(self) -> dict[str, Any]:
-        """What the session's `subscriptions/listen` asks for: the list changes the upstream declares,
-        and the resources the client subscribed to."""
+        """What the session's `subscriptions/listen` asks for: the resources the client subscribed to,
+        and the list changes the upstream declares, from an upstream where one listen sees them all (HTTP).
+        A stdio upstream's pooled processes are servers of their own: a listen in one sees only its own
+        list changes, and would hold that process for the session's life, so it is opened there only for
+        resources the client subscribed to."""
         wanted: dict[str, Any] = {}
-        for capability, key in LIST_CHANGES:
-            declared = self._upstream_capabilities.get(capability)
-            if isinstance(declared, dict) and declared.get("listChanged"):
-                wanted[key] = True
+        if self._link.shared_stateless:
+            for capability, key in LIST_CHANGES:
+                declared = self._upstream_capabilities.get(capability)
+                if isinstance(declared, dict) and declared.get("listChanged"):
+                    wanted[key] = True
         if self._subscribed:
             wanted["resourceSubscriptions"] = sorted(self._subscribed)
         return wanted
@@ -427,5 +451,7 @@ class BridgedSession(UpstreamChannel):
                 finally:
                     if not upstream.finished:
                         await upstream.cancel()
+        except Overloaded as error:
+            log.warning("a bridged session opens no subscriptions/listen: %s", error.message)
         finally:
             acknowledged.set()  # whoever waits for it stops waiting
