@@ -26,6 +26,13 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CreateMessageResult, ElicitResult, TextContent
 
+from gateway.protocol.era import TASKS_EXTENSION
+from gateway.upstream.bridge.legacy_over_modern import (
+    legacy_capabilities,
+    legacy_result,
+    modern_capabilities,
+    without_subscription_id,
+)
 from tests.conftest import ROOT, RunningGateway, serve_http, start_gateway
 from tests.test_cli_tasks import cli, json_lines
 from tests.test_readiness import ready, readyz_until
@@ -63,6 +70,32 @@ async def bridged(
     async with serve_http(SERVER, log=log) as url, start_gateway(upstream_url=url, config_text=CONFIG) as gateway:
         gateway.upstream_kind, gateway.upstream_url = "http", url
         yield gateway
+
+
+async def test_the_shapes_a_legacy_client_gets() -> None:
+    """Pure: what the bridge takes out of (and keeps in) the 2026-07-28 shapes it hands a 2025-11-25 client."""
+    final = {
+        "jsonrpc": "2.0",
+        "id": 9,
+        "result": {"resultType": "complete", "ttlMs": 0, "cacheScope": "private", "x": 1},
+    }
+    assert legacy_result(3, final) == {"jsonrpc": "2.0", "id": 3, "result": {"x": 1}}
+    error = {"code": -32602, "message": "bad"}
+    assert legacy_result(3, {"jsonrpc": "2.0", "id": 9, "error": error}) == {"jsonrpc": "2.0", "id": 3, "error": error}
+    declared = {"tools": {"listChanged": True}, "extensions": {TASKS_EXTENSION: {}, "x/y": {}}}
+    assert legacy_capabilities(declared) == {"tools": {"listChanged": True}, "extensions": {"x/y": {}}}
+    assert legacy_capabilities({"extensions": {TASKS_EXTENSION: {}}}) == {}
+    assert modern_capabilities({"tasks": {"list": {}}, "elicitation": {"form": {}}}) == {"elicitation": {"form": {}}}
+    note = {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+        "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": "listen-1"}},
+    }
+    assert without_subscription_id(note) == {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+        "params": {},
+    }
 
 
 def legacy(gateway: RunningGateway, **callbacks: Any) -> Client:
