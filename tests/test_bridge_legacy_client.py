@@ -48,6 +48,10 @@ input_timeout_s = {INPUT_TIMEOUT_S}
 [[tasks.tools]]
 match = "count"
 task_support = "optional"
+
+[[tasks.tools]]
+match = "ask"
+task_support = "optional"
 """
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -261,6 +265,18 @@ async def test_a_hosted_task_followed_with_tasks_stream(bridged: RunningGateway)
     progress = [event["payload"] for event in events if event["type"].endswith(".progress")]
     assert [(p["progress"], p["total"]) for p in progress] == [(i, 5) for i in range(1, 6)], events
     assert events[-1]["payload"]["status"] == "completed", events[-1]
+
+
+async def test_a_hosted_task_asks_its_question_and_goes_on(bridged: RunningGateway) -> None:
+    """`ask` as a gateway-hosted task: the upstream's InputRequiredResult becomes an elicitation request
+    of the task (input_required), the CLI answers it, and the bridged call is retried with the answer."""
+    args = json.dumps({"question": "Task name?", "sample": False})
+    code, out, err = await cli(
+        "call", bridged.url, "ask", "--args", args, "--task", "--follow", "--era", "legacy",
+        "--answers", '{"name": "Eve"}',
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.splitlines()[-1] == "Hello, Eve!", out
 
 
 # -- bad input ----------------------------------------------------------------------------------------

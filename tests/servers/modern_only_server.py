@@ -18,10 +18,11 @@ Tools:
   each after ``delay`` s, and an ``info`` log ``counting to n`` first, then ``counted to n``;
 * ``wait(seconds=30, marker="")``: sleeps, then ``waited``; appends ``started``, then ``finished`` or ``cancelled``
   (one flushed line each) to the file ``marker``, so a test sees a cancel reach the server;
-* ``ask(question="Your name?")``: the 2026 way of asking mid-call (MRTR): the first round returns an
-  ``InputRequiredResult`` with an ``elicitation/create`` form under ``name`` and a ``sampling/createMessage``
-  under ``summary``, and a ``requestState``; the retry carrying ``inputResponses`` (and the echoed state)
-  answers ``Hello, <name>! <sampled text>`` (``No name (<action>)`` when the form was not accepted);
+* ``ask(question="Your name?", sample=true)``: the 2026 way of asking mid-call (MRTR): the first round returns
+  an ``InputRequiredResult`` with an ``elicitation/create`` form under ``name`` (and, if ``sample``, a
+  ``sampling/createMessage`` under ``summary``) and a ``requestState``; the retry carrying ``inputResponses``
+  (and the echoed state) answers ``Hello, <name>! <sampled text>`` (``No name (<action>)`` when the form was
+  not accepted);
 * ``add_tool(name)``: registers a tool ``name`` (it echoes) and publishes ``tools`` list-changed, which goes out
   as ``notifications/tools/list_changed`` on every ``subscriptions/listen`` that asked for it (the SDK's
   ``ListenHandler``);
@@ -103,8 +104,8 @@ def build_server() -> MCPServer[None]:
         mark(marker, "finished")
         return "waited"
 
-    async def ask(ctx: Context, question: str = "Your name?") -> str | InputRequiredResult:
-        """Ask for a name (elicitation) and a summary (sampling) the 2026 way, then greet."""
+    async def ask(ctx: Context, question: str = "Your name?", sample: bool = True) -> str | InputRequiredResult:
+        """Ask for a name (elicitation) and, if `sample`, a summary (sampling) the 2026 way, then greet."""
         answers = ctx.input_responses
         if not answers:
             schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
@@ -112,24 +113,20 @@ def build_server() -> MCPServer[None]:
                 "messages": [{"role": "user", "content": {"type": "text", "text": "Summarize"}}],
                 "maxTokens": 20,
             }
-            return InputRequiredResult.model_validate(
-                {
-                    "inputRequests": {
-                        "name": {
-                            "method": "elicitation/create",
-                            "params": {"mode": "form", "message": question, "requestedSchema": schema},
-                        },
-                        "summary": {"method": "sampling/createMessage", "params": sampling},
-                    },
-                    "requestState": "asked-once",
-                }
-            )
+            form = {"mode": "form", "message": question, "requestedSchema": schema}
+            requests: dict[str, Any] = {"name": {"method": "elicitation/create", "params": form}}
+            if sample:
+                requests["summary"] = {"method": "sampling/createMessage", "params": sampling}
+            return InputRequiredResult.model_validate({"inputRequests": requests, "requestState": "asked-once"})
         if ctx.request_state != "asked-once":
             raise MCPError(-32602, f"unexpected requestState {ctx.request_state!r}")
-        form, sampled = plain(answers["name"]), plain(answers["summary"]).get("content", {})
+        form = plain(answers["name"])
         if form.get("action") != "accept":
             return f"No name ({form.get('action')})"
-        return f"Hello, {form.get('content', {}).get('name')}! {sampled.get('text')}"
+        greeting = f"Hello, {form.get('content', {}).get('name')}!"
+        if "summary" in answers:
+            greeting += f" {plain(answers['summary']).get('content', {}).get('text')}"
+        return greeting
 
     async def add_tool(ctx: Context, name: str) -> str:
         """Register a tool `name` (it echoes) and tell subscriptions/listen streams the list changed."""
