@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.conftest import RunningGateway, start_gateway
 from tests.redis_server import RedisServer, fresh_prefix
 from tests.test_cli_tasks import cli, json_lines
+from tests.test_readiness import readyz_until
 from tests.test_redis_replicas import together
 from tests.test_upstream_with_tasks import node_command
 
@@ -108,8 +109,8 @@ async def balanced(replicas: tuple[RunningGateway, RunningGateway]) -> AsyncIter
 async def test_each_replica_reports_the_era_it_learnt(replicas: tuple[RunningGateway, RunningGateway]) -> None:
     async with aiohttp.ClientSession() as http:
         for gateway in replicas:
-            async with http.get(f"{gateway.base}/readyz") as response:
-                assert (response.status, (await response.json())["era"]) == (200, "legacy")
+            body = await readyz_until(http, gateway, lambda status, body: status == 200)
+            assert body["era"] == "legacy", body
     assert "speaks 2025-11-25 only: 2026-07-28 clients are bridged" in replicas[0].output_text()
 
 
