@@ -40,10 +40,11 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
-def bridged(link: Upstream, config: Config) -> BridgingUpstream:
-    """`link` behind the era seam, with the bridges for the eras it may not speak."""
+def bridged(link: Upstream, config: Config, budget: BufferBudget) -> BridgingUpstream:
+    """`link` behind the era seam, with the bridges for the eras it may not speak (their exchanges in
+    the gateway's budget of buffered bytes)."""
     timeout_s = config.server.initialize_timeout_s
-    legacy_bridge = LegacyOverModern(link, config.upstream.bridge.input_timeout_s, timeout_s)
+    legacy_bridge = LegacyOverModern(link, config.upstream.bridge.input_timeout_s, timeout_s, budget)
     return BridgingUpstream(link, config.upstream.era, timeout_s, legacy_bridge=legacy_bridge)
 
 
@@ -52,7 +53,7 @@ def start_upstream(
 ) -> Upstream:
     """`given` (used as it is), or the upstream `[upstream]` configures behind the era seam (a client of
     either era carried to it), started with the app and closed when it stops."""
-    upstream = given or bridged(build_upstream(config, metrics, budget), config)
+    upstream = given or bridged(build_upstream(config, metrics, budget), config, budget)
     link = upstream.link if isinstance(upstream, BridgingUpstream) else upstream
     if isinstance(link, StdioUpstream):
         metrics.limits.labels(limit="upstream.stdio.max_processes").set(config.upstream.stdio.max_processes)

@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LOG_LEVEL_KEY
 from gateway.protocol.envelope import NAME_PARAM
@@ -55,14 +56,19 @@ LIST_CHANGES = (("tools", "toolsListChanged"), ("prompts", "promptsListChanged")
 class LegacyOverModern:
     """The `LegacyBridge` of the era seam: one `BridgedSession` per 2025-11-25 client session."""
 
-    def __init__(self, link: Upstream, input_timeout_s: float, discover_timeout_s: float) -> None:
+    def __init__(
+        self, link: Upstream, input_timeout_s: float, discover_timeout_s: float, budget: BufferBudget | None = None
+    ) -> None:
         self._link = link
         self._input_timeout_s = input_timeout_s
         self._discover_timeout_s = discover_timeout_s
+        self._budget = budget
         self._sessions: set[BridgedSession] = set()
 
     async def open_session(self) -> UpstreamChannel:
-        session = BridgedSession(self._link, self._input_timeout_s, self._discover_timeout_s, self._sessions.discard)
+        session = BridgedSession(
+            self._link, self._input_timeout_s, self._discover_timeout_s, self._sessions.discard, self._budget
+        )
         self._sessions.add(session)
         return session
 
@@ -116,8 +122,16 @@ class BridgedSession(UpstreamChannel):
     Every request runs as a task of this session; closing it cancels them all (each cancels its
     upstream request) and ends its `subscriptions/listen`."""
 
-    def __init__(self, link: Upstream, input_timeout_s: float, discover_timeout_s: float, on_close: Any = None) -> None:
+    def __init__(
+        self,
+        link: Upstream,
+        input_timeout_s: float,
+        discover_timeout_s: float,
+        on_close: Any = None,
+        budget: BufferBudget | None = None,
+    ) -> None:
         self._link = link
+        self._budget = budget
         self._input_timeout_s = input_timeout_s
         self._discover_timeout_s = discover_timeout_s
         self._on_close = on_close
@@ -141,7 +155,7 @@ class BridgedSession(UpstreamChannel):
     # -- the channel -------------------------------------------------------------------------------
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"], channel=self)
+        exchange = Exchange(message["id"], message["method"], self._budget, channel=self)
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "the bridged upstream session is closed")
             return exchange
