@@ -13,6 +13,7 @@ from gateway.config import Config
 from gateway.deadlines import RequestDeadlines
 from gateway.metrics import Metrics
 from gateway.upstream.base import Upstream
+from gateway.upstream.bridge.modern_over_legacy import ModernOverLegacy
 from gateway.upstream.bridge.upstream import BridgingUpstream
 from gateway.upstream.credentials import ClientCredentials
 from gateway.upstream.http import HttpUpstream
@@ -41,7 +42,9 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
 
 def bridged(link: Upstream, config: Config) -> BridgingUpstream:
     """`link` behind the era seam, with the bridges for the eras it may not speak."""
-    return BridgingUpstream(link, config.upstream.era, config.server.initialize_timeout_s)
+    budget = BufferBudget(stream_messages=config.server.exchange_capacity, stream_bytes=config.server.stream_buffer_bytes)
+    modern_bridge = ModernOverLegacy(link, config.upstream.bridge, budget, config.server.initialize_timeout_s)
+    return BridgingUpstream(link, config.upstream.era, config.server.initialize_timeout_s, modern_bridge=modern_bridge)
 
 
 def start_upstream(
