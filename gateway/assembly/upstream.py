@@ -42,7 +42,9 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
 
 def bridged(link: Upstream, config: Config) -> BridgingUpstream:
     """`link` behind the era seam, with the bridges for the eras it may not speak."""
-    budget = BufferBudget(stream_messages=config.server.exchange_capacity, stream_bytes=config.server.stream_buffer_bytes)
+    budget = BufferBudget(
+        stream_messages=config.server.exchange_capacity, stream_bytes=config.server.stream_buffer_bytes
+    )
     modern_bridge = ModernOverLegacy(link, config.upstream.bridge, budget, config.server.initialize_timeout_s)
     return BridgingUpstream(link, config.upstream.era, config.server.initialize_timeout_s, modern_bridge=modern_bridge)
 

@@ -299,7 +299,9 @@ class ModernOverLegacy:
         pending, call.pending = call.pending, {}
         session = call.session
         for key, upstream_request_id in pending.items():
-            await session.channel.respond(translate.input_response(upstream_request_id, responses[key]), session.headers)
+            await session.channel.respond(
+                translate.input_response(upstream_request_id, responses[key]), session.headers
+            )
         call.resumed.set()
         return client
 
