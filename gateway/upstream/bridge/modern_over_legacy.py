@@ -314,7 +314,9 @@ class ModernOverLegacy:
         uris = asked.get("resourceSubscriptions")
         uris = [uri for uri in uris if isinstance(uri, str)] if isinstance(uris, list) else []
         session = await self._pool.acquire(owner, message)
-        if uris and session.declares("resources"):
+        if not session.subscribes:
+            uris = []  # not honoured: the upstream cannot subscribe
+        if uris:
             honoured["resourceSubscriptions"] = uris
             for uri in uris:
                 await self._pool.subscribe(session, uri)
@@ -329,15 +331,7 @@ class ModernOverLegacy:
             }
         )
 
-        async def listener(notification: Message) -> None:
-            method = notification.get("method")
-            params = jsonrpc.params_of(notification)
-            if LISTEN_FILTERS.get(str(method)) in honoured or (
-                method == "notifications/resources/updated" and params.get("uri") in uris
-            ):
-                meta = {**jsonrpc.meta_of(notification), **tag}
-                await exchange.deliver({**notification, "params": {**params, "_meta": meta}})
-
+        listener = _Listen(exchange, subscription_id, honoured, uris)
         session.listeners.add(listener)
 
         async def stop(_reason: str) -> None:
@@ -346,6 +340,29 @@ class ModernOverLegacy:
 
         exchange.on_cancel(stop)
         return exchange
+
+
+class _Listen:
+    """One subscriptions/listen stream: what it honours, tagged with its subscription id."""
+
+    def __init__(self, exchange: Exchange, subscription_id: RequestId, honoured: dict[str, Any], uris: list[str]):
+        self._exchange = exchange
+        self._tag = {translate.SUBSCRIPTION_ID_KEY: subscription_id}
+        self._honoured = honoured
+        self._uris = uris
+
+    async def deliver(self, notification: Message) -> None:
+        method = notification.get("method")
+        params = jsonrpc.params_of(notification)
+        if LISTEN_FILTERS.get(str(method)) in self._honoured or (
+            method == "notifications/resources/updated" and params.get("uri") in self._uris
+        ):
+            meta = {**jsonrpc.meta_of(notification), **self._tag}
+            await self._exchange.deliver({**notification, "params": {**params, "_meta": meta}})
+
+    async def end(self) -> None:
+        final = jsonrpc_result(self._exchange.request_id, {"resultType": "complete", "_meta": self._tag})
+        await self._exchange.deliver(final)
 
 
 def jsonrpc_result(request_id: RequestId, result: dict[str, Any]) -> Message:

@@ -21,7 +21,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -52,6 +51,16 @@ class InFlight(Protocol):
     """Input requests a held call waits on (it takes no other)."""
 
 
+class Listener(Protocol):
+    """A subscriptions/listen stream on a session."""
+
+    async def deliver(self, notification: Message) -> None:
+        """An unsolicited notification of the session (the listener filters)."""
+
+    async def end(self) -> None:
+        """The session is gone: close the stream gracefully (its client listens again)."""
+
+
 class BridgeSession:
     """One legacy upstream session and what the bridge knows of it."""
 
@@ -68,7 +77,7 @@ class BridgeSession:
         self.lost = False
         self.calls: dict[RequestId, InFlight] = {}
         """Requests in flight by their upstream id."""
-        self.listeners: set[Callable[[Message], Awaitable[None]]] = set()
+        self.listeners: set[Listener] = set()
         """The session's subscriptions/listen streams."""
         self.subscribed: set[str] = set()
         """Resource URIs the session sent `resources/subscribe` for."""
@@ -85,6 +94,12 @@ class BridgeSession:
     def declares(self, capability: str) -> bool:
         return isinstance((self.initialized.get("capabilities") or {}).get(capability), dict)
 
+    @property
+    def subscribes(self) -> bool:
+        """Whether the upstream takes `resources/subscribe`."""
+        resources = (self.initialized.get("capabilities") or {}).get("resources")
+        return isinstance(resources, dict) and resources.get("subscribe") is True
+
     async def unsolicited(self, message: Message, _size: int) -> None:
         method = message.get("method")
         if method is None:
@@ -97,7 +112,7 @@ class BridgeSession:
                 await call.upstream.deliver(message)
         else:
             for listener in list(self.listeners):
-                await listener(message)
+                await listener.deliver(message)
 
     async def _server_request(self, message: Message) -> None:
         """A server request no request's stream carried (stdio attributes one only with one request in
@@ -162,11 +177,26 @@ class SessionPool:
             del self._sessions[session.key]
         self._close_later(session)
 
+    def _close_later(self, session: BridgeSession) -> None:
+        closing = asyncio.create_task(self._end(session), name="bridge-session-close")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    async def _end(self, session: BridgeSession) -> None:
+        for listener in list(session.listeners):
+            await listener.end()
+        await session.channel.close()
+
     async def _open(self, key: SessionKey, message: Message) -> BridgeSession:
         self._start_reaper()
         if len(self._sessions) >= self._config.max_sessions:
-            self._evict(message.get("id"))
-        channel = await self._link.open_session()
+            await self._evict(message.get("id"))
+        try:
+            channel = await self._link.open_session()
+        except UpstreamBusy:
+            # The link's own ceiling (stdio processes): an idle session of another key makes room.
+            await self._evict(message.get("id"), busy=True)
+            channel = await self._link.open_session()
         session = BridgeSession(key, channel)
         try:
             await self._handshake(session, message)
@@ -182,9 +212,17 @@ class SessionPool:
         self._sessions[key] = session
         return session
 
-    def _evict(self, request_id: object) -> None:
+    async def _evict(self, request_id: object, *, busy: bool = False) -> None:
+        """Close the least recently used idle session (and wait: its slot is needed now)."""
         idle = [session for session in self._sessions.values() if session.users == 0]
         if not idle:
+            if busy:
+                raise UpstreamBusy(
+                    "upstream.stdio.max_processes",
+                    "every upstream process the gateway may start holds a bridged session in use",
+                    "retry later",
+                    request_id=request_id,  # type: ignore[arg-type]
+                )
             raise UpstreamBusy(
                 "upstream.bridge.max_sessions",
                 f"every one of the {self._config.max_sessions} bridged upstream sessions is in use",
@@ -193,7 +231,7 @@ class SessionPool:
             )
         oldest = min(idle, key=lambda session: session.last_used)
         del self._sessions[oldest.key]
-        self._close_later(oldest)
+        await self._end(oldest)
 
     async def _handshake(self, session: BridgeSession, message: Message) -> None:
         channel = session.channel
@@ -253,11 +291,6 @@ class SessionPool:
                     del self._sessions[session.key]
                     self._close_later(session)
 
-    def _close_later(self, session: BridgeSession) -> None:
-        closing = asyncio.create_task(session.channel.close(), name="bridge-session-close")
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
-
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
@@ -265,5 +298,5 @@ class SessionPool:
                 await self._reaper
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        await asyncio.gather(*(session.channel.close() for session in sessions), return_exceptions=True)
+        await asyncio.gather(*(self._end(session) for session in sessions), return_exceptions=True)
         await asyncio.gather(*self._closing, return_exceptions=True)
