@@ -213,3 +213,23 @@ async def test_a_list_change_reaches_subscriptions_listen(gateways: Upstreams, k
 @KINDS
 async def test_a_gateway_hosted_task_is_followed_with_tasks_stream(gateways: Upstreams, kind: str) -> None:
     await runs_as_a_gateway_task(gateways.by_kind[kind].url, "modern")
+
+
+async def test_a_subscribed_resources_updates_reach_subscriptions_listen(gateways: Upstreams) -> None:
+    """resourceSubscriptions become resources/subscribe on the session; toggle-subscriber-updates makes
+    the upstream send notifications/resources/updated for them (every 5 s), tagged onto the stream."""
+    uri = "demo://resource/dynamic/text/2"
+    async with (
+        asyncio.timeout(WAIT),
+        modern(gateways.by_kind["stdio"].url) as client,
+        client.listen(resource_subscriptions=[uri]) as subscription,
+    ):
+        assert subscription.honored is not None and subscription.honored.resource_subscriptions == [uri]
+        await client.call_tool("toggle-subscriber-updates", {})
+        try:
+            event = await anext(aiter(subscription))
+        finally:
+            await client.call_tool("toggle-subscriber-updates", {})
+    assert type(event).__name__ == "ResourceUpdated" and getattr(event, "uri", None) == uri, event
+    subscribes = [m for m in sent_upstream(gateways.log) if m.get("method") == "resources/subscribe"]
+    assert [m["params"] for m in subscribes] == [{"uri": uri}], subscribes

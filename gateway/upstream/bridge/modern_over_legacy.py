@@ -223,7 +223,7 @@ class ModernOverLegacy:
             return {**message, "params": params}
         if method == "notifications/message":
             return message if translate.wants_log(message, call.log_threshold) else None
-        return message
+        return None if method in translate.LEGACY_ONLY_NOTIFICATIONS else message
 
     async def _takes_input(self, call: BridgedCall, request: Message) -> bool:
         """Whether a server request becomes an MRTR input request; otherwise it is answered here."""

@@ -46,6 +46,13 @@ INPUT_CAPABILITY = {"elicitation/create": "elicitation", "sampling/createMessage
 """Server-to-client requests that become MRTR input requests, and the client capability each needs."""
 LEGACY_CAPABILITIES = ("elicitation", "sampling", "roots")
 
+LEGACY_ONLY_NOTIFICATIONS = frozenset(
+    {"notifications/cancelled", "notifications/elicitation/complete", "notifications/tasks/status"}
+)
+"""What a legacy session may send on a request's stream that 2026-07-28 has no place for there: a
+server's cancel (2026 keeps it for ending a stdio listen), URL elicitation's completion (removed), and
+SEP-1686 task status (the bridge never asks the session for tasks). Not relayed."""
+
 CACHE_TTL_MS = 0
 """A legacy server promises nothing about how long a list stays true (it may change it at any time,
 per session): bridged results are not to be reused."""
