@@ -167,3 +167,10 @@ def test_server_requests_become_input_requests_and_answers_responses() -> None:
     assert translate.input_request({"id": 5, "method": "roots/list"}) == {"method": "roots/list", "params": {}}
     answer = translate.input_response(4, {"action": "accept", "content": {"a": 1}, "resultType": "complete"})
     assert answer == {"jsonrpc": "2.0", "id": 4, "result": {"action": "accept", "content": {"a": 1}}}
+
+
+def test_an_unknown_session_is_recognised_in_the_typescript_examples_words() -> None:
+    unknown = {"code": -32000, "message": "Bad Request: No valid session ID provided"}
+    assert translate.says_session_unknown({"id": 1, "error": unknown})
+    assert not translate.says_session_unknown({"id": 1, "error": {"code": -32602, "message": "no such session"}})
+    assert not translate.says_session_unknown({"id": 1, "result": {"content": []}})

@@ -57,12 +57,18 @@ class BridgedCall:
     """One 2026 request on a session: the upstream exchange, the client's current exchange (a new one
     per MRTR round), and the input requests the held call waits on."""
 
-    def __init__(self, session: BridgeSession, owner: str | None, message: Message, upstream: Exchange) -> None:
+    def __init__(
+        self, session: BridgeSession, owner: str | None, message: Message, upstream: Exchange, upstream_id: str
+    ) -> None:
         self.id = secrets.token_urlsafe(12)
         self.session = session
         self.owner = owner
+        self.message = message
         self.method: str = message["method"]
         self.upstream = upstream
+        self.upstream_id = upstream_id
+        self.fresh = True
+        """Nothing came back yet: a session found gone by this very request may be replaced for it."""
         self.takes_input = self.method in translate.MRTR_METHODS
         self.declared = translate.client_capabilities(message)
         self.client: Exchange | None = None
@@ -157,10 +163,10 @@ class ModernOverLegacy:
         except BaseException:
             self._pool.release(session)
             raise
-        call = BridgedCall(session, owner, message, upstream)
+        call = BridgedCall(session, owner, message, upstream, upstream_id)
         session.calls[upstream_id] = call
         client = self._client_exchange(call, message)
-        pump = asyncio.create_task(self._pump(call, upstream_id), name=f"bridge-{message['method']}")
+        pump = asyncio.create_task(self._pump(call), name=f"bridge-{message['method']}")
         self._pumps.add(pump)
         pump.add_done_callback(self._pumps.discard)
         return client
@@ -178,8 +184,7 @@ class ModernOverLegacy:
 
     # -- the pump: the upstream's messages to the client's exchange --------------------------------
 
-    async def _pump(self, call: BridgedCall, upstream_id: RequestId) -> None:
-        session = call.session
+    async def _pump(self, call: BridgedCall) -> None:
         try:
             await self._relay(call)
         except Exception:
@@ -187,7 +192,8 @@ class ModernOverLegacy:
             if call.client is not None:
                 call.client.fail(jsonrpc.INTERNAL_ERROR, "the gateway's era bridge failed (its log has the cause)")
         finally:
-            session.calls.pop(upstream_id, None)
+            session = call.session
+            session.calls.pop(call.upstream_id, None)
             self._held.pop(call.id, None)
             self._pool.release(session)
             if session.channel.lost:
@@ -195,6 +201,13 @@ class ModernOverLegacy:
 
     async def _relay(self, call: BridgedCall) -> None:
         while (batch := await call.upstream.next_batch()) is not None:
+            if call.fresh and self._session_unknown(call, batch):
+                # The upstream answered that it no longer knows the session (it never ran the
+                # request): a new session takes the request, once.
+                call.fresh = False
+                if await self._reopen(call):
+                    continue
+            call.fresh = False
             requests: list[Message] = []
             for message in batch:
                 client = call.client
@@ -213,6 +226,34 @@ class ModernOverLegacy:
                 return
         if call.client is not None:  # cancelled, or a link that ended without a response
             call.client.fail(jsonrpc.INTERNAL_ERROR, call.upstream.failure or "the upstream gave no response")
+
+    @staticmethod
+    def _session_unknown(call: BridgedCall, batch: list[Message]) -> bool:
+        if call.session.channel.lost and call.upstream.failure is not None:
+            return True  # the link saw the session end (HTTP 404)
+        return len(batch) == 1 and translate.says_session_unknown(batch[0])
+
+    async def _reopen(self, call: BridgedCall) -> bool:
+        """Send `call` again on a new session of its key; False when none can be had now."""
+        lost = call.session
+        lost.calls.pop(call.upstream_id, None)
+        self._pool.drop(lost, "the upstream ended its session")
+        try:
+            session = await self._pool.acquire(call.owner, call.message)
+        except (SessionFailed, ProtocolError):
+            return False
+        upstream_id = session.next_id()
+        try:
+            upstream = await session.channel.request(
+                translate.legacy_request(call.message, upstream_id), session.headers
+            )
+        except BaseException:
+            self._pool.release(session)
+            raise
+        self._pool.release(lost)
+        call.session, call.upstream, call.upstream_id = session, upstream, upstream_id
+        session.calls[upstream_id] = call
+        return True
 
     def _notification(self, call: BridgedCall, message: Message) -> Message | None:
         method = message.get("method")

@@ -99,6 +99,16 @@ def legacy_request(message: Message, upstream_id: RequestId) -> Message:
     return {"jsonrpc": "2.0", "id": upstream_id, "method": message["method"], "params": params}
 
 
+def says_session_unknown(final: Message) -> bool:
+    """Whether a legacy server's error response says it does not know the request's session. The
+    TypeScript example servers answer an unknown `Mcp-Session-Id` with HTTP 400 and -32000 "No valid
+    session ID provided", not the 404 the transport specifies (which the HTTP link reports as a loss)."""
+    error = final.get("error")
+    return (
+        isinstance(error, dict) and error.get("code") == -32000 and "session" in str(error.get("message", "")).lower()
+    )
+
+
 def log_level(message: Message) -> int | None:
     """The index of the log level the request opted in to (`_meta` logLevel); None: no logs."""
     level = jsonrpc.meta_of(message).get(LOG_LEVEL_KEY)
