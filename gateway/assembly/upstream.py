@@ -14,6 +14,7 @@ from gateway.deadlines import RequestDeadlines
 from gateway.metrics import Metrics
 from gateway.upstream.base import Upstream
 from gateway.upstream.bridge.legacy_over_modern import LegacyOverModern
+from gateway.upstream.bridge.modern_over_legacy import ModernOverLegacy
 from gateway.upstream.bridge.upstream import BridgingUpstream
 from gateway.upstream.credentials import ClientCredentials
 from gateway.upstream.http import HttpUpstream
@@ -44,8 +45,13 @@ def bridged(link: Upstream, config: Config, budget: BufferBudget) -> BridgingUps
     """`link` behind the era seam, with the bridges for the eras it may not speak (their exchanges in
     the gateway's budget of buffered bytes)."""
     timeout_s = config.server.initialize_timeout_s
-    legacy_bridge = LegacyOverModern(link, config.upstream.bridge.input_timeout_s, timeout_s, budget)
-    return BridgingUpstream(link, config.upstream.era, timeout_s, legacy_bridge=legacy_bridge)
+    return BridgingUpstream(
+        link,
+        config.upstream.era,
+        timeout_s,
+        modern_bridge=ModernOverLegacy(link, config.upstream.bridge, budget, timeout_s),
+        legacy_bridge=LegacyOverModern(link, config.upstream.bridge.input_timeout_s, timeout_s, budget),
+    )
 
 
 def start_upstream(
