@@ -115,9 +115,9 @@ async def test_a_session_is_opened_once_per_owner_and_capabilities_with_the_hand
     carrier = bridge(link)
     try:
         for owner in ("a", "a", "b"):
-            answered = await final(await carrier.request(owner, request("tools/list")))
+            answered = await final(await carrier.request(owner, request("tools/list"), {}))
             assert answered["result"]["resultType"] == "complete", answered
-        await final(await carrier.request("a", request("tools/list", sampling={})))
+        await final(await carrier.request("a", request("tools/list", sampling={}), {}))
         assert len(link.sessions) == 3 and carrier.sessions == 3
         methods = [m["method"] for m in link.sessions[0].sent]
         assert methods == ["initialize", "notifications/initialized", "tools/list", "tools/list"], methods
@@ -131,14 +131,14 @@ async def test_the_least_recently_used_idle_session_makes_room_and_none_idle_is_
     link = ScriptedLink()
     carrier = bridge(link, max_sessions=2)
     try:
-        await final(await carrier.request("a", request("tools/list")))
-        await final(await carrier.request("b", request("tools/list")))
-        await final(await carrier.request("c", request("tools/list")))
+        await final(await carrier.request("a", request("tools/list"), {}))
+        await final(await carrier.request("b", request("tools/list"), {}))
+        await final(await carrier.request("c", request("tools/list"), {}))
         assert link.sessions[0].closed.is_set() and not link.sessions[1].closed.is_set()
-        busy_b = await carrier.request("b", request("tools/call", {"name": "t"}))
-        busy_c = await carrier.request("c", request("tools/call", {"name": "t"}))
+        busy_b = await carrier.request("b", request("tools/call", {"name": "t"}), {})
+        busy_c = await carrier.request("c", request("tools/call", {"name": "t"}), {})
         with pytest.raises(UpstreamBusy) as refused:
-            await carrier.request("d", request("tools/list"))
+            await carrier.request("d", request("tools/list"), {})
         assert refused.value.http_status == 503 and refused.value.limit == "upstream.bridge.max_sessions"
         await busy_b.cancel()
         await busy_c.cancel()
@@ -150,8 +150,8 @@ async def test_the_links_own_ceiling_is_met_by_closing_an_idle_session() -> None
     link = ScriptedLink(processes=1)
     carrier = bridge(link)
     try:
-        await final(await carrier.request("a", request("tools/list")))
-        await final(await carrier.request("b", request("tools/list")))
+        await final(await carrier.request("a", request("tools/list"), {}))
+        await final(await carrier.request("b", request("tools/list"), {}))
         assert link.sessions[0].closed.is_set() and carrier.sessions == 1
     finally:
         await carrier.close()
@@ -161,7 +161,7 @@ async def test_an_idle_session_is_closed() -> None:
     link = ScriptedLink()
     carrier = bridge(link, session_idle_s=0.05)
     try:
-        await final(await carrier.request("a", request("tools/list")))
+        await final(await carrier.request("a", request("tools/list"), {}))
         async with asyncio.timeout(WAIT):
             await link.sessions[0].closed.wait()
         assert carrier.sessions == 0
@@ -173,9 +173,9 @@ async def test_a_lost_session_is_replaced_by_the_next_request() -> None:
     link = ScriptedLink()
     carrier = bridge(link)
     try:
-        await final(await carrier.request("a", request("tools/list")))
+        await final(await carrier.request("a", request("tools/list"), {}))
         await link.sessions[0].report_loss("the upstream process exited (code 1)")
-        await final(await carrier.request("a", request("tools/list")))
+        await final(await carrier.request("a", request("tools/list"), {}))
         assert len(link.sessions) == 2 and link.sessions[0].closed.is_set()
         assert link.sessions[1].sent[0]["method"] == "initialize"
     finally:
@@ -186,14 +186,14 @@ async def test_a_dropped_call_and_an_unanswered_input_request_are_cancelled_upst
     link = ScriptedLink()
     carrier = bridge(link, input_timeout_s=0.05)
     try:
-        dropped = await carrier.request("a", request("tools/call", {"name": "t"}, elicitation={}))
+        dropped = await carrier.request("a", request("tools/call", {"name": "t"}, elicitation={}), {})
         await dropped.cancel("cancelled by the client")
         session = link.sessions[0]
         ((call_id, _),) = session.calls.items()
         assert session.cancelled == [(call_id, "cancelled by the client")]
         session.cancel_seen.clear()
 
-        asking = await carrier.request("a", request("tools/call", {"name": "t"}, elicitation={}))
+        asking = await carrier.request("a", request("tools/call", {"name": "t"}, elicitation={}), {})
         held_id = list(session.calls)[-1]
         elicit = {"jsonrpc": "2.0", "id": 9, "method": "elicitation/create", "params": {"message": "?"}}
         await session.calls[held_id].deliver(elicit)

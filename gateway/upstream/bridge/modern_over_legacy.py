@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -118,7 +119,7 @@ class ModernOverLegacy:
 
     # -- one request -----------------------------------------------------------------------------
 
-    async def request(self, owner: str | None, message: Message) -> Exchange:
+    async def request(self, owner: str | None, message: Message, headers: Mapping[str, str]) -> Exchange:
         method = message["method"]
         try:
             if "requestState" in jsonrpc.params_of(message):
@@ -131,7 +132,7 @@ class ModernOverLegacy:
                 raise ProtocolError(
                     jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method} does not exist in 2026-07-28"
                 )
-            return await self._start(owner, message)
+            return await self._start(owner, message, headers)
         except SessionFailed as failure:
             return self._failed(message, jsonrpc.INTERNAL_ERROR, str(failure))
         except ProtocolError as error:
@@ -155,9 +156,11 @@ class ModernOverLegacy:
         result = translate.discover_result(session.initialized)
         return await self._answered(message, jsonrpc_result(message["id"], result))
 
-    async def _start(self, owner: str | None, message: Message) -> Exchange:
+    async def _start(self, owner: str | None, message: Message, headers: Mapping[str, str]) -> Exchange:
         session = await self._pool.acquire(owner, message)
         try:
+            if message["method"] == "tools/call":
+                await session.tool_schemas.check(functools.partial(self._pool.ask, session), message, headers)
             upstream_id = session.next_id()
             upstream = await session.channel.request(translate.legacy_request(message, upstream_id), session.headers)
         except BaseException:
@@ -418,7 +421,7 @@ class BridgeChannel(UpstreamChannel):
         self.owner = owner
 
     async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        return await self.bridge.request(self.owner, message)
+        return await self.bridge.request(self.owner, message, headers)
 
     async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
         """2026-07-28 clients send no notifications (a dropped POST is the cancel)."""

@@ -31,6 +31,7 @@ from gateway.protocol.era import LATEST_HANDSHAKE_VERSION
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import Exchange, Upstream, UpstreamBusy, UpstreamChannel
 from gateway.upstream.bridge import translate
+from gateway.upstream.bridge.param_headers import ToolSchemas
 
 log = logging.getLogger("gateway.upstream.bridge")
 
@@ -81,6 +82,8 @@ class BridgeSession:
         """The session's subscriptions/listen streams."""
         self.subscribed: set[str] = set()
         """Resource URIs the session sent `resources/subscribe` for."""
+        self.tool_schemas = ToolSchemas()
+        """Its tools' input schemas, for the `Mcp-Param-*` headers of a `tools/call`."""
         self._ids = itertools.count(1)
 
     def next_id(self) -> str:
@@ -111,6 +114,8 @@ class BridgeSession:
             if call is not None:
                 await call.upstream.deliver(message)
         else:
+            if method == "notifications/tools/list_changed":
+                self.tool_schemas.forget()
             for listener in list(self.listeners):
                 await listener.deliver(message)
 
@@ -268,14 +273,18 @@ class SessionPool:
             raise SessionFailed(exchange.failure)
         return final
 
+    async def ask(self, session: BridgeSession, method: str, params: dict[str, Any]) -> Message:
+        """One request of the bridge's own on `session`: its final message (raises `SessionFailed`)."""
+        request = {"jsonrpc": "2.0", "id": session.next_id(), "method": method, "params": params}
+        return await self._ask(session.channel, request, session.headers)
+
     async def subscribe(self, session: BridgeSession, uri: str) -> None:
         """`resources/subscribe` on the session, once per URI (a listen stream wants its updates)."""
         if uri in session.subscribed:
             return
         session.subscribed.add(uri)
-        request = {"jsonrpc": "2.0", "id": session.next_id(), "method": "resources/subscribe", "params": {"uri": uri}}
         with contextlib.suppress(SessionFailed):
-            await self._ask(session.channel, request, session.headers)
+            await self.ask(session, "resources/subscribe", {"uri": uri})
 
     def _start_reaper(self) -> None:
         if self._reaper is None:
