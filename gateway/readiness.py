@@ -30,26 +30,15 @@ from typing import Any, ClassVar, Literal
 
 from gateway.config import ReadinessConfig, UpstreamConfig
 from gateway.metrics import Metrics
-from gateway.protocol.era import LATEST_HANDSHAKE_VERSION
-from gateway.protocol.jsonrpc import Message
 from gateway.upstream.base import Upstream
-from gateway.upstream.bridge.eras import UpstreamEras
+from gateway.upstream.bridge.eras import UpstreamEras, probe_initialize
 from gateway.upstream.bridge.upstream import BridgingUpstream
 
 log = logging.getLogger("gateway.readiness")
 
 Status = Literal["starting", "ready", "unready"]
 
-PROBE_INITIALIZE: Message = {
-    "jsonrpc": "2.0",
-    "id": "mcp-task-gateway-readiness",
-    "method": "initialize",
-    "params": {
-        "protocolVersion": LATEST_HANDSHAKE_VERSION,
-        "capabilities": {},
-        "clientInfo": {"name": "mcp-task-gateway-readiness", "version": "1"},
-    },
-}
+PROBE_INITIALIZE = probe_initialize("mcp-task-gateway-readiness")
 
 
 @dataclass(frozen=True, slots=True)

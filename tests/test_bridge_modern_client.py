@@ -25,7 +25,7 @@ import pytest_asyncio
 from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.upstream.bridge.translate import CLIENT_INFO_KEY, SERVER_INFO_KEY
+from gateway.protocol.era import CLIENT_INFO_KEY, SERVER_INFO_KEY
 from tests.conftest import RunningGateway, start_gateway
 from tests.test_per_tool_hosting import CONFIG, runs_as_a_gateway_task
 from tests.test_upstream_with_tasks import http_upstream, node_command

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.protocol.dialect import LOG_LEVEL_KEY
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, PROTOCOL_VERSION_KEY, SERVER_INFO_KEY
 from gateway.upstream.bridge import translate
 from gateway.upstream.bridge.request_state import RequestStateSealer
 from gateway.upstream.bridge.session_pool import session_key
@@ -72,7 +72,7 @@ def test_a_request_loses_its_envelope_and_gets_the_sessions_id_and_token() -> No
 
 
 def test_the_session_declares_the_clients_legacy_capabilities_and_its_info() -> None:
-    message = modern_request({translate.CLIENT_INFO_KEY: {"name": "c", "version": "2"}})
+    message = modern_request({CLIENT_INFO_KEY: {"name": "c", "version": "2"}})
     initialize = translate.initialize_request("bridge-1", message, "2025-11-25")
     assert initialize["params"] == {
         "protocolVersion": "2025-11-25",
@@ -116,14 +116,14 @@ def test_results_become_complete_and_cacheable_ones_private() -> None:
             "resultType": "complete",
             "ttlMs": 0,
             "cacheScope": "private",
-            "_meta": {translate.SERVER_INFO_KEY: INFO},
+            "_meta": {SERVER_INFO_KEY: INFO},
         },
     }
     called = translate.modern_final({"id": 1, "result": {"content": [], "_meta": {"k": 1}}}, 7, "tools/call", INFO)
     assert called["result"] == {
         "content": [],
         "resultType": "complete",
-        "_meta": {"k": 1, translate.SERVER_INFO_KEY: INFO},
+        "_meta": {"k": 1, SERVER_INFO_KEY: INFO},
     }
 
 
@@ -149,7 +149,7 @@ def test_discover_is_the_initialize_result_without_legacy_tasks() -> None:
         "instructions": "be nice",
         "ttlMs": 0,
         "cacheScope": "private",
-        "_meta": {translate.SERVER_INFO_KEY: INFO},
+        "_meta": {SERVER_INFO_KEY: INFO},
     }
 
 

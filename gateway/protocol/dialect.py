@@ -200,15 +200,20 @@ class Dialect:
             raise missing_extension(message.get("id"))
 
     def gateway_request(
-        self, request_id: RequestId, method: str, params: dict[str, Any]
+        self,
+        request_id: RequestId,
+        method: str,
+        params: Mapping[str, Any],
+        capabilities: Mapping[str, Any] | None = None,
     ) -> tuple[Message, dict[str, str]]:
-        """A request the gateway itself sends upstream, and its headers: in 2026-07-28 with the `_meta`
-        envelope (declaring the tasks extension) and the headers that mirror it; a 2025-11-25 request
-        carries neither (its session does)."""
+        """A request the gateway sends upstream, and its headers: in 2026-07-28 with the `_meta` envelope
+        (the params' own `_meta` kept; `capabilities` declared, by default the tasks extension) and the
+        headers that mirror it; a 2025-11-25 request carries neither (its session does)."""
         if self.era is Era.LEGACY:
-            return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, {}
+            return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": dict(params)}, {}
         version = MODERN_VERSIONS[0]
-        meta = {PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}}}
+        declared = {"extensions": {TASKS_EXTENSION: {}}} if capabilities is None else capabilities
+        meta = {**(params.get("_meta") or {}), PROTOCOL_VERSION_KEY: version, CLIENT_CAPABILITIES_KEY: declared}
         message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
         headers = {"MCP-Protocol-Version": version, "Mcp-Method": method}
         name = params.get(NAME_PARAM.get(method, ""))

@@ -51,7 +51,7 @@ from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, oversized
 from gateway.protocol.dialect import TASK_EVENT, dialect_of
-from gateway.protocol.era import Era
+from gateway.protocol.era import SUBSCRIPTION_ID_KEY, Era
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.upstream.base import (
     DeadlineRule,
@@ -65,7 +65,6 @@ from gateway.upstream.base import (
 
 log = logging.getLogger("gateway.upstream.stdio")
 
-SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
 
 LATE_TOKENS = 1024
 """Progress tokens kept mapped after their request answered: a 2025-11-25 task's token stays valid for

@@ -26,16 +26,20 @@ EraSetting = Literal["auto", "legacy", "modern"]
 
 ERA_PROBE_ID = "mcp-task-gateway-era"
 
-ERA_PROBE_INITIALIZE: Message = {
-    "jsonrpc": "2.0",
-    "id": ERA_PROBE_ID,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": LATEST_HANDSHAKE_VERSION,
-        "capabilities": {},
-        "clientInfo": {"name": "mcp-task-gateway", "version": "1"},
-    },
-}
+
+def probe_initialize(request_id: str) -> Message:
+    """The `initialize` of a fresh handshake conversation the gateway opens only to ask the upstream
+    (this era probe, the readiness check): no capabilities, the gateway's name."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": LATEST_HANDSHAKE_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": request_id, "version": "1"},
+        },
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +112,7 @@ class EraLearner:
         async with self._stateless() as channel:
             modern = await _answers(await channel.request(discover, discover_headers), timeout_s)
         async with self._probe_session() as channel:
-            legacy = await _answers(await channel.request(ERA_PROBE_INITIALIZE, {}), timeout_s)
+            legacy = await _answers(await channel.request(probe_initialize(ERA_PROBE_ID), {}), timeout_s)
         if modern is None and legacy is None:
             return None
         # One question answered shows the upstream reachable: the other one's link failure (a legacy

@@ -25,24 +25,20 @@ from typing import Any
 
 from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LOG_LEVEL_KEY
-from gateway.protocol.envelope import NAME_PARAM
+from gateway.protocol.dialect import LOG_LEVEL_KEY, MODERN
 from gateway.protocol.era import (
-    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
     HANDSHAKE_VERSIONS,
     LATEST_HANDSHAKE_VERSION,
-    MODERN_VERSIONS,
-    PROTOCOL_VERSION_KEY,
+    SERVER_INFO_KEY,
+    SUBSCRIPTION_ID_KEY,
     TASKS_EXTENSION,
 )
 from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
 from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
-from gateway.upstream.stdio import SUBSCRIPTION_ID_KEY
 
 log = logging.getLogger("gateway.upstream.bridge")
 
-CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
-SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 MODERN_ONLY_FIELDS = ("resultType", "ttlMs", "cacheScope")
 """Result fields a 2025-11-25 client has no use for (and a strict one would refuse)."""
 MAX_INPUT_ROUNDS = 16
@@ -256,22 +252,12 @@ class BridgedSession(UpstreamChannel):
     ) -> tuple[Message, dict[str, str]]:
         """`method` as a 2026-07-28 request of this session: the `_meta` envelope (the client's own
         `_meta` kept, e.g. its progressToken) and the headers that mirror it."""
-        version = MODERN_VERSIONS[0]
-        meta: dict[str, Any] = {
-            **(params.get("_meta") or {}),
-            PROTOCOL_VERSION_KEY: version,
-            CLIENT_CAPABILITIES_KEY: self._capabilities,
-        }
+        meta: dict[str, Any] = dict(params.get("_meta") or {})
         if self._client_info is not None:
             meta[CLIENT_INFO_KEY] = self._client_info
         if self._log_level is not None:
             meta[LOG_LEVEL_KEY] = self._log_level
-        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": {**params, "_meta": meta}}
-        headers = {"MCP-Protocol-Version": version, "Mcp-Method": method}
-        name = params.get(NAME_PARAM.get(method, ""))
-        if isinstance(name, str):
-            headers["Mcp-Name"] = name
-        return message, headers
+        return MODERN.gateway_request(request_id, method, {**params, "_meta": meta}, self._capabilities)
 
     async def _initialize(self, message: Message) -> Message:
         """Answered from the upstream's `server/discover`, in the client's version when it is a

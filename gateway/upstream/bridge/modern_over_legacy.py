@@ -31,6 +31,7 @@ from typing import Any
 from gateway.buffers import BufferBudget
 from gateway.config.upstream import BridgeConfig
 from gateway.protocol import jsonrpc
+from gateway.protocol.era import SUBSCRIPTION_ID_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.upstream.base import Exchange, UnsolicitedHandler, Upstream, UpstreamChannel
 from gateway.upstream.bridge import translate
@@ -366,7 +367,7 @@ class ModernOverLegacy:
                 await self._pool.subscribe(session, uri)
         subscription_id = message["id"]
         exchange = Exchange(subscription_id, message["method"], self._budget)
-        tag = {translate.SUBSCRIPTION_ID_KEY: subscription_id}
+        tag = {SUBSCRIPTION_ID_KEY: subscription_id}
         await exchange.deliver(
             {
                 "jsonrpc": "2.0",
@@ -391,7 +392,7 @@ class _Listen:
 
     def __init__(self, exchange: Exchange, subscription_id: RequestId, honoured: dict[str, Any], uris: list[str]):
         self._exchange = exchange
-        self._tag = {translate.SUBSCRIPTION_ID_KEY: subscription_id}
+        self._tag = {SUBSCRIPTION_ID_KEY: subscription_id}
         self._honoured = honoured
         self._uris = uris
 

@@ -12,12 +12,15 @@ from typing import Any
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LOG_LEVEL_KEY
-from gateway.protocol.era import CLIENT_CAPABILITIES_KEY, MODERN_VERSIONS, PROTOCOL_VERSION_KEY
+from gateway.protocol.era import (
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    MODERN_VERSIONS,
+    PROTOCOL_VERSION_KEY,
+    SERVER_INFO_KEY,
+)
 from gateway.protocol.jsonrpc import Message, RequestId
 
-CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
-SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
-SUBSCRIPTION_ID_KEY = "io.modelcontextprotocol/subscriptionId"
 ENVELOPE_KEYS = frozenset({PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, CLIENT_INFO_KEY, LOG_LEVEL_KEY})
 """`_meta` keys that are the 2026 envelope: the legacy session carries them (or, the log level, the bridge)."""
 
