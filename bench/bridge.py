@@ -10,7 +10,8 @@ server-everything). The same raw client (bench/forwarding.py) measures, in turn,
 * `bridged 2026`: a 2026-07-28 client through the legacy-only gateway (bridged);
 
 the median and p99 of N sequential `echo` calls and a `burst(n)` of progress notifications (delivered,
-and their rate). Prints a markdown table of the medians over rounds, and the bridged path's added
+and their rate); and the same client straight to the upstream in each era (`direct`), for what the
+upstream's own two paths cost. Prints a markdown table of the medians over rounds, and the bridged path's added
 median latency and burst rate ratio against each forward.
 
     python bench/bridge.py [--calls 400] [--burst 5000] [--rounds 5] [--json out.json]
@@ -46,11 +47,13 @@ from bench.forwarding import (  # noqa: E402
 )
 
 PATHS: tuple[tuple[str, Mode, str], ...] = (
+    ("direct 2025", "legacy", "direct"),
+    ("direct 2026", "2026-07-28", "direct"),
     ("forward 2025", "legacy", "legacy_only"),
     ("forward 2026", "2026-07-28", "both"),
     ("bridged 2026", "2026-07-28", "legacy_only"),
 )
-"""(label, client era, which gateway)."""
+"""(label, client era, which gateway; `direct`: none, the upstream itself)."""
 
 
 @dataclass
@@ -73,7 +76,7 @@ async def gateways(logdir: Path) -> AsyncIterator[dict[str, str]]:
         )
         procs.append(upstream)
         await wait_until_ready(upstream, upstream_port, None)
-        urls: dict[str, str] = {}
+        urls = {"direct": upstream_url}
         for name, era in (("both", "auto"), ("legacy_only", "legacy")):
             config = logdir / f"{name}.toml"
             config.write_text(f'[store]\nkind = "memory"\n\n[upstream]\nera = "{era}"\n')
