@@ -233,3 +233,33 @@ async def test_a_subscribed_resources_updates_reach_subscriptions_listen(gateway
     assert type(event).__name__ == "ResourceUpdated" and getattr(event, "uri", None) == uri, event
     subscribes = [m for m in sent_upstream(gateways.log) if m.get("method") == "resources/subscribe"]
     assert [m["params"] for m in subscribes] == [{"uri": uri}], subscribes
+
+
+async def test_a_legacy_clients_list_change_and_cancel_are_forwarded(gateways: Upstreams) -> None:
+    """The matrix's forwarded cell beside the bridged one: a 2025-11-25 client of the same legacy upstream
+    hears its session's resources/list_changed (on the GET stream), and its notifications/cancelled
+    reaches the upstream for the call it cancels."""
+    changed = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/resources/list_changed":
+            changed.set()
+
+    arguments = {"duration": 29, "steps": 29}
+    url = gateways.by_kind["stdio"].url
+    async with (
+        asyncio.timeout(WAIT),
+        Client(streamable_http_client(url), mode="legacy", message_handler=on_message) as client,
+    ):
+        await client.call_tool("gzip-file-as-resource", {"name": "legacy-cell", "data": GZIP_DATA})
+        await changed.wait()
+        call = asyncio.create_task(client.call_tool(LONG, arguments))
+        sent = await until_sent(gateways.log, lambda m: m.get("params", {}).get("arguments") == arguments)
+        upstream_id = next(m["id"] for m in sent if m.get("params", {}).get("arguments") == arguments)
+        call.cancel()  # the SDK client sends notifications/cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await until_sent(
+            gateways.log,
+            lambda m: m.get("method") == "notifications/cancelled" and m["params"]["requestId"] == upstream_id,
+        )
