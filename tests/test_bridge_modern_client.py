@@ -238,14 +238,13 @@ async def test_a_subscribed_resources_updates_reach_subscriptions_listen(gateway
 async def test_a_legacy_clients_list_change_and_cancel_are_forwarded(gateways: Upstreams) -> None:
     """The matrix's forwarded cell beside the bridged one: a 2025-11-25 client of the same legacy upstream
     hears its session's resources/list_changed (on the GET stream), and its notifications/cancelled
-    reaches the upstream for the call it cancels."""
+    reaches the upstream for the call it cancels, whose POST is answered with -32800."""
     changed = asyncio.Event()
 
     async def on_message(message: Any) -> None:
         if getattr(message, "method", None) == "notifications/resources/list_changed":
             changed.set()
 
-    arguments = {"duration": 29, "steps": 29}
     url = gateways.by_kind["stdio"].url
     async with (
         asyncio.timeout(WAIT),
@@ -253,13 +252,23 @@ async def test_a_legacy_clients_list_change_and_cancel_are_forwarded(gateways: U
     ):
         await client.call_tool("gzip-file-as-resource", {"name": "legacy-cell", "data": GZIP_DATA})
         await changed.wait()
-        call = asyncio.create_task(client.call_tool(LONG, arguments))
+    # The cancel is sent by hand so the test can read the cancelled POST's answer: the SDK client stops
+    # reading it, and its answer then races the client's teardown.
+    arguments = {"duration": 29, "steps": 29}
+    async with asyncio.timeout(WAIT), aiohttp.ClientSession() as http:
+        wire = WireClient(http, url)
+        await wire.initialize()
+        call_id = wire.next_id()
+        call = asyncio.create_task(
+            wire.request("tools/call", {"name": LONG, "arguments": arguments}, request_id=call_id)
+        )
         sent = await until_sent(gateways.log, lambda m: m.get("params", {}).get("arguments") == arguments)
         upstream_id = next(m["id"] for m in sent if m.get("params", {}).get("arguments") == arguments)
-        call.cancel()  # the SDK client sends notifications/cancelled
-        with pytest.raises(asyncio.CancelledError):
-            await call
+        assert await wire.notify("notifications/cancelled", {"requestId": call_id}) == 202
+        answer = (await call).final
         await until_sent(
             gateways.log,
             lambda m: m.get("method") == "notifications/cancelled" and m["params"]["requestId"] == upstream_id,
         )
+        assert answer["id"] == call_id and answer["error"]["code"] == -32800, answer
+        await wire.delete()
