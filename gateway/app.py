@@ -19,13 +19,14 @@ from typing import Any
 from aiohttp import web
 
 from gateway.assembly.auth import build_auth
-from gateway.assembly.edge import CONNECTIONS, build_edge, request_context
+from gateway.assembly.edge import CONNECTIONS, build_edge, build_endpoint, request_context
 from gateway.assembly.health import build_health
 from gateway.assembly.metrics import METRICS, build_metrics
+from gateway.assembly.routes import build_routes
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
-from gateway.assembly.tasks import REGISTRY, build_tasks
-from gateway.assembly.upstream import build_budget, start_upstream
+from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_tasks
+from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
 from gateway.readiness import upstream_name
@@ -40,17 +41,23 @@ __all__ = ["CONNECTIONS", "METRICS", "REGISTRY", "ListenError", "Stores", "build
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
     """The gateway as an aiohttp app: each feature's builder adds its parts, routes and cleanup context,
-    in start-up order (`gateway.assembly` says what each owns)."""
+    in start-up order (`gateway.assembly` says what each owns). `upstream`: the one upstream to front,
+    used as it is (embedding programs)."""
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     metrics = build_metrics(app, config)
     stores = open_stores(app, config, metrics)
     auth = build_auth(app, config, stores)
     budget = build_budget(config, metrics)
-    link = start_upstream(app, config, metrics, budget, upstream)
-    sessions = build_sessions(app, config, link, metrics, budget)
-    tasks = build_tasks(app, config, stores, link, metrics)
-    build_edge(app, config, link, sessions, tasks, auth, metrics, budget)
-    build_health(app, config, link, stores, sessions, tasks, metrics)
+    routes = build_routes(app, config, metrics, budget, upstream)
+    sessions = {route.name: build_sessions(app, route.config, route.upstream, metrics, budget) for route in routes}
+    core = build_task_core(app, config, stores, metrics)
+    tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics) for route in routes}
+    run_tasks(app, core, stores, tasks)
+    rejections = build_edge(app, config, metrics)
+    health = build_health(app, config, routes, stores, sessions.values(), tasks.values(), metrics)
+    for route in routes:
+        unavailable = health.unavailable(route.name)
+        build_endpoint(app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable)
     return app
 
 
@@ -118,7 +125,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
     tls = tls_context(config.server)
     sockets = await bind_listeners(config.server.listen)
     try:
-        if (warning := raise_file_limit(config.server, config.upstream)) is not None:
+        if (warning := raise_file_limit(config.server, config.named_upstreams())) is not None:
             log.warning(warning)
         app = build_app(config)
         asyncio.get_running_loop().set_exception_handler(
@@ -152,7 +159,10 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
                     "url": url,
                     "auth": config.auth.mode,
                     "store": describe_store(config.store),
-                    "upstream": upstream_name(config.upstream),
+                    "upstream": ", ".join(
+                        f"{upstream.name}: {upstream_name(upstream)}" if config.aggregating else upstream_name(upstream)
+                        for upstream in config.named_upstreams()
+                    ),
                 },
             )
             if on_ready is not None:

@@ -3,12 +3,17 @@ request's credentials (`gateway.edge.auth`), and `ANONYMOUS`, the owner of every
 
 Plain values only: the tasks, the sessions and the stores see the principal's `owner` (a keyed hash),
 never a credential; this module imports nothing of the gateway so that any layer can name them.
+
+With several upstreams, each one's own endpoint (`/servers/NAME/mcp`) binds tasks and sessions to the
+caller *on that route* (`on_route`): an owner with the route's name appended. A task made there is
+unknown on any other endpoint, as another caller's is, and a task's route says which upstream's
+watcher takes it over after a restart (`route_of`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 ANONYMOUS = "anonymous"
@@ -28,3 +33,19 @@ class Principal:
 
 
 ANONYMOUS_PRINCIPAL = Principal(ANONYMOUS, frozenset())
+
+
+ROUTE_MARK = "@"
+"""Joins an owner and a route; no owner contains it (a keyed hash, or `anonymous`), no route name either."""
+
+
+def on_route(principal: Principal, route: str | None) -> Principal:
+    """The principal as the endpoint of `route` binds tasks and sessions to it (None: the gateway's
+    main endpoint, whose owners are the plain principal's)."""
+    return principal if route is None else replace(principal, owner=f"{principal.owner}{ROUTE_MARK}{route}")
+
+
+def route_of(owner: str) -> str | None:
+    """The route an owner was bound on (`on_route`); None for the main endpoint."""
+    _, mark, route = owner.rpartition(ROUTE_MARK)
+    return route if mark else None

@@ -242,9 +242,10 @@ async def start_gateway(
     scheme: str = "http",
 ) -> AsyncIterator[RunningGateway]:
     """Run ``python -m gateway serve --listen HOST:PORT`` (default: a free loopback port) until the block
-    exits; `scheme` is the one it announces (``https`` with ``[server] tls_cert``)."""
-    if (upstream_cmd is None) == (upstream_url is None):
-        raise ValueError("give exactly one of upstream_cmd and upstream_url")
+    exits; `scheme` is the one it announces (``https`` with ``[server] tls_cert``). The upstream is
+    `upstream_cmd` or `upstream_url`, or those `config_text` names (`[[upstreams]]`)."""
+    if upstream_cmd is not None and upstream_url is not None:
+        raise ValueError("give at most one of upstream_cmd and upstream_url")
     port = port or free_port()
     base = f"{scheme}://{host}:{port}"
     url = f"{base}/mcp"
@@ -252,8 +253,7 @@ async def start_gateway(
         args = [*GATEWAY_CMD, "serve", "--listen", f"{host}:{port}"]
         if upstream_cmd is not None:
             args += ["--upstream-cmd", shlex.join(upstream_cmd)]
-        else:
-            assert upstream_url is not None
+        elif upstream_url is not None:
             args += ["--upstream-url", upstream_url]
         # Each gateway gets a store of its own (the default kind, SQLite, in its temporary directory)
         # unless the test configures one: the default path is shared by everything run from ROOT.

@@ -198,7 +198,8 @@ async def test_a_tick_while_a_task_is_created_keeps_its_lease(replicas: tuple[Re
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(config.tasks, config.retention, a.tasks, a.log, capture, metrics)
     hosted = HostedTasks(registry, config.tasks, config.retention, True)
-    leases = OwnerLeases(a.leases, registry, hosted, Passthrough(registry, ChildUpstream(), config.tasks, metrics))
+    passthrough = Passthrough(registry, ChildUpstream(), config.tasks, metrics)
+    leases = OwnerLeases(a.leases, registry, hosted, lambda _: passthrough)
     held = a.backend.on_held
     assert held is not None
     ticks: list[asyncio.Task[None]] = []
@@ -234,7 +235,8 @@ async def test_the_scan_wakes_when_the_earliest_lease_expires_not_a_period_later
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(config.tasks, config.retention, b.tasks, b.log, capture, metrics)
     hosted = HostedTasks(registry, config.tasks, config.retention, True)
-    leases = OwnerLeases(b.leases, registry, hosted, Passthrough(registry, ChildUpstream(), config.tasks, metrics))
+    passthrough = Passthrough(registry, ChildUpstream(), config.tasks, metrics)
+    leases = OwnerLeases(b.leases, registry, hosted, lambda _: passthrough)
     scans: list[list[Claim] | float | None] = []
     """What B's ticks found, in order: each scan's claims, then when it would wake for the next."""
     claim_expired, next_expiry_s, adopt = b.leases.claim_expired, b.leases.next_expiry_s, registry.adopt

@@ -61,7 +61,8 @@ async def test_a_new_process_fails_every_unfinished_task_it_cannot_resume_and_le
 
     started = process(store, log)
     upstream = ChildUpstream()
-    await take_over(started, Passthrough(started, upstream, CONFIG.tasks, Metrics()))
+    passthrough = Passthrough(started, upstream, CONFIG.tasks, Metrics())
+    await take_over(started, lambda _: passthrough)
 
     for task, hosted_by in ((hosted, "gateway"), (watched, "upstream")):
         record = await store.find(task.id)
@@ -86,7 +87,7 @@ async def test_a_task_whose_cancel_was_requested_is_cancelled_by_the_taker_not_f
     record = await store.find(hosted.id)
     assert record is not None
     passthrough = Passthrough(taker, ChildUpstream(), CONFIG.tasks, Metrics())
-    await take_over_task(taker, passthrough, taker.adopt(record), LEASE_EXPIRED, cancel_requested=True)
+    await take_over_task(taker, lambda _: passthrough, taker.adopt(record), LEASE_EXPIRED, cancel_requested=True)
 
     taken = await store.find(hosted.id)
     assert taken is not None and taken.status is TaskStatus.CANCELLED

@@ -188,10 +188,10 @@ def initialize_params() -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def http_upstream(tmp: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
-    """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on a free port:
-    its URL and its process."""
-    port = free_port()
+async def http_upstream(tmp: Path, port: int | None = None) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """server-everything in Streamable HTTP mode (`streamableHttp`, port from $PORT) on `port` (default:
+    a free one): its URL and its process, stopped when the block exits."""
+    port = port or free_port()
     with (tmp / "upstream-http.log").open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             *node_command(),

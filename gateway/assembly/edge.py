@@ -1,6 +1,7 @@
-"""Builds the edge: the MCP endpoint at `[server] path`, the request context every HTTP request runs in
-(an id for the logs, an unexpected failure answered as a JSON-RPC error), the client connection count,
-and the counting of refused requests, malformed HTTP included."""
+"""Builds the edge: the MCP endpoints (`[server] path`, and with several upstreams each one's
+`/servers/NAME/mcp`), the request context every HTTP request runs in (an id for the logs, an unexpected
+failure answered as a JSON-RPC error), the client connection count, and the counting of refused
+requests, malformed HTTP included."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.log import server_logger
 
+from gateway.assembly.routes import Route
 from gateway.assembly.tasks import Tasks
 from gateway.buffers import BufferBudget
 from gateway.config import Config
 from gateway.edge.auth import EdgeAuth
 from gateway.edge.connections import ConnectionCount
-from gateway.edge.endpoint import McpEndpoint
+from gateway.edge.endpoint import EndpointScope, McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
+from gateway.protocol.jsonrpc import ProtocolError
 from gateway.sessions import SessionRegistry
 from gateway.upstream.base import Upstream
 
@@ -60,30 +63,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     return response
 
 
-def build_edge(
-    app: web.Application,
-    config: Config,
-    upstream: Upstream,
-    sessions: SessionRegistry,
-    tasks: Tasks,
-    auth: EdgeAuth,
-    metrics: Metrics,
-    budget: BufferBudget,
-) -> None:
-    """The MCP endpoint routed, and malformed HTTP counted while the app runs."""
+def build_edge(app: web.Application, config: Config, metrics: Metrics) -> Rejections:
+    """What every MCP endpoint shares: the client connection count, and malformed HTTP counted while
+    the app runs. Returns the refusal counter the endpoints report to."""
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
-    endpoint = McpEndpoint(
-        config.server,
-        upstream,
-        sessions,
-        tasks.service,
-        metrics,
-        rejections,
-        budget,
-        auth,
-        stream_write_timeout_s=config.tasks.stream_write_timeout_s,
-    )
-    app.router.add_route("*", config.server.path, endpoint.handle)
     app[CONNECTIONS] = ConnectionCount(config.server, metrics)
     # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
     framing_errors = FramingErrors(rejections)
@@ -94,3 +77,33 @@ def build_edge(
         server_logger.removeFilter(framing_errors)
 
     app.cleanup_ctx.append(quieted)
+    return rejections
+
+
+def build_endpoint(
+    app: web.Application,
+    route: Route,
+    sessions: SessionRegistry,
+    tasks: Tasks,
+    auth: EdgeAuth,
+    metrics: Metrics,
+    rejections: Rejections,
+    budget: BufferBudget,
+    unavailable: Callable[[], ProtocolError | None],
+) -> None:
+    """The MCP endpoint of `route`, built from its own config; `unavailable` refuses its requests while
+    its upstream cannot serve."""
+    config = route.config
+    endpoint = McpEndpoint(
+        config.server,
+        route.upstream,
+        sessions,
+        tasks.service,
+        metrics,
+        rejections,
+        budget,
+        auth,
+        stream_write_timeout_s=config.tasks.stream_write_timeout_s,
+        scope=EndpointScope(route.name, config.auth, unavailable),
+    )
+    app.router.add_route("*", route.path, endpoint.handle)

@@ -1,72 +1,131 @@
-"""Builds the health of the gateway: `Readiness` (is the upstream usable), `StoreHealth` (can the task
-store be used), /healthz (liveness: 200 while the process serves) and /readyz (200 only while both
-are). Started last and stopped first: the gateway serves, for these routes, only while all else runs."""
+"""Builds the health of the gateway: `Readiness` (is each upstream usable), `StoreHealth` (can the task
+store be used), /healthz (liveness: 200 while the process serves) and /readyz (200 only while the store
+is and the upstream is, or with several upstreams, any or all of them: `[server] ready_when`). Started
+last and stopped first: the gateway serves, for these routes, only while all else runs. Each upstream's
+readiness also gates its own endpoint and the aggregate's view of its tools (`Health`, `wire_aggregate`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from gateway import __version__
 from gateway.assembly.stores import Stores
+from gateway.assembly.routes import Route
 from gateway.assembly.tasks import Tasks
 from gateway.config import Config
 from gateway.edge.responder import json_response
 from gateway.metrics import Metrics
-from gateway.readiness import Readiness, StoreHealth, upstream_name
+from gateway.protocol.jsonrpc import ProtocolError
+from gateway.readiness import Readiness, ReadinessSet, StoreHealth, UpstreamState, unavailable_error, upstream_name
 from gateway.sessions import SessionRegistry
-from gateway.upstream.base import Upstream
+from gateway.upstream.aggregate import AggregateUpstream
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Each upstream's readiness, by name, for the endpoints that refuse requests while theirs is down."""
+
+    readiness: dict[str, Readiness]
+
+    def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
+        """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
+        as /readyz does); the main endpoint is never refused here (the aggregate leaves an unusable
+        upstream's tools out instead, and the single upstream's endpoint forwards as it always has)."""
+        readiness = self.readiness.get(route) if route is not None else None
+        if readiness is None or route is None:
+            return lambda: None
+        name = route
+
+        def refusal() -> ProtocolError | None:
+            state = readiness.state
+            return unavailable_error(name, state) if state.status == "unready" else None
+
+        return refusal
 
 
 def build_health(
     app: web.Application,
     config: Config,
-    upstream: Upstream,
+    routes: list[Route],
     stores: Stores,
-    sessions: SessionRegistry,
-    tasks: Tasks,
+    sessions: Iterable[SessionRegistry],
+    tasks: Iterable[Tasks],
     metrics: Metrics,
-) -> None:
-    registry = tasks.registry
-    readiness = Readiness(
-        upstream, upstream_name(config.upstream), config.upstream.readiness, config.server.initialize_timeout_s, metrics
-    )
+) -> Health:
+    every_sessions, every_tasks = list(sessions), list(tasks)
+    registry = every_tasks[0].registry
+    readiness = {
+        route.config.upstream.name: Readiness(
+            route.upstream,
+            upstream_name(route.config.upstream),
+            route.config.upstream.readiness,
+            config.server.initialize_timeout_s,
+            metrics,
+        )
+        for route in routes
+        if not isinstance(route.upstream, AggregateUpstream)
+    }
+    readiness_set = ReadinessSet(list(readiness.values()), config.server.ready_when)
+    for route in routes:
+        if isinstance(aggregate := route.upstream, AggregateUpstream):
+            wire_aggregate(aggregate, readiness)
     store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: registry.writes.down)
-    tasks.service.store_failed = store_health.failed
+    for each in every_tasks:
+        each.service.store_failed = store_health.failed
     serving = asyncio.Event()
     started = time.monotonic()
+    single = None if config.aggregating else next(iter(readiness.values()))
 
     async def healthz(_: web.Request) -> web.Response:
         body = {
             "status": "ok" if serving.is_set() else "stopping",
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
-            "upstream": readiness.state.status,
-            "sessions": len(sessions),
+            "upstream": single.state.status if single is not None else ("ready" if readiness_set.ready else "unready"),
+            "sessions": sum(len(each) for each in every_sessions),
             "tasks": len(registry),
         }
         return json_response(body, 200 if serving.is_set() else 503)
 
     async def readyz(_: web.Request) -> web.Response:
-        state = readiness.state
         if not serving.is_set():
             return json_response({"status": "stopping"}, 503)
         if (problem := store_health.problem) is not None:
             return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
-        return json_response(state.body(), 200 if state.ready else 503)
+        if single is not None:
+            return json_response(single.state.body(), 200 if single.state.ready else 503)
+        return json_response(readiness_set.body(), 200 if readiness_set.ready else 503)
 
     async def checking(_: web.Application) -> AsyncIterator[None]:
-        readiness.start()
+        readiness_set.start()
         store_health.start()
         serving.set()
         yield
         serving.clear()
-        await readiness.stop()
+        await readiness_set.stop()
         await store_health.stop()
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.cleanup_ctx.append(checking)
+    return Health(readiness)
+
+
+def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> None:
+    """The aggregate leaves out the tools of an upstream found unusable, and tells its clients each
+    time one leaves or comes back (`list_changed`)."""
+    aggregate.usable = lambda name: readiness[name].state.status != "unready"
+    changes: set[asyncio.Future[None]] = set()
+
+    def changed(name: str, _: UpstreamState) -> None:
+        future = asyncio.ensure_future(aggregate.upstream_changed(name))
+        changes.add(future)
+        future.add_done_callback(changes.discard)
+
+    for each in readiness.values():
+        each.on_change(changed)

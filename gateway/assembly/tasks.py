@@ -1,5 +1,6 @@
-"""Builds the task machinery: capture, the task registry over the stores, hosted and pass-through
-tasks, owner leases (shared stores only) and the task service the edge plans with.
+"""Builds the task machinery: capture, the task registry over the stores and hosted tasks, shared by
+every endpoint (`build_task_core`); per endpoint, the pass-through watcher of its upstream's tasks and
+the task service the edge plans with (`build_tasks`); owner leases (shared stores only) (`run_tasks`).
 
 At start-up, on stores only this process uses, it rebuilds the registry's counts and takes over the
 tasks a previous process left unfinished; on stop it ends the local runs before the sessions and the
@@ -7,7 +8,7 @@ upstream close, then hands its leases over so other replicas take its tasks at o
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -16,10 +17,11 @@ from gateway.assembly.stores import Stores
 from gateway.config import Config
 from gateway.events.capture import Capture
 from gateway.metrics import Metrics
+from gateway.principal import route_of
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.leases import OwnerLeases
 from gateway.tasks.passthrough import Passthrough
-from gateway.tasks.registry import TaskRegistry
+from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.service import TaskService
 from gateway.tasks.takeover import take_over
 from gateway.upstream.base import Upstream
@@ -29,15 +31,25 @@ REGISTRY = web.AppKey("registry", TaskRegistry)
 
 
 @dataclass(frozen=True, slots=True)
+class TaskCore:
+    """What every endpoint shares: one registry over the stores (one count of tasks, one sweeper) and
+    the gateway-hosted tasks."""
+
+    registry: TaskRegistry
+    hosted: HostedTasks
+
+
+@dataclass(frozen=True, slots=True)
 class Tasks:
-    """The task parts other features use: the registry (counts, store health) and the service (the edge)."""
+    """One endpoint's task parts: the shared registry (counts, store health), the service the endpoint
+    plans with, and the watcher of the tasks its upstream hosts."""
 
     registry: TaskRegistry
     service: TaskService
+    passthrough: Passthrough
 
 
-def build_tasks(app: web.Application, config: Config, stores: Stores, upstream: Upstream, metrics: Metrics) -> Tasks:
-    events_enabled = config.events.enabled
+def build_task_core(app: web.Application, config: Config, stores: Stores, metrics: Metrics) -> TaskCore:
     capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
     registry = TaskRegistry(
         config.tasks,
@@ -46,23 +58,40 @@ def build_tasks(app: web.Application, config: Config, stores: Stores, upstream: 
         stores.log,
         capture,
         metrics,
-        record_events=events_enabled,
+        record_events=config.events.enabled,
         outage=config.store,
     )
-    hosted = HostedTasks(registry, config.tasks, config.retention, events_enabled)
-    passthrough = Passthrough(registry, upstream, config.tasks, metrics)
+    hosted = HostedTasks(registry, config.tasks, config.retention, config.events.enabled)
     hosted.leases = stores.leases
-    leases = OwnerLeases(stores.leases, registry, hosted, passthrough) if stores.leases is not None else None
-    service = TaskService(
-        hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=events_enabled
-    )
     metrics.tasks.set_function(lambda: len(registry))
     app[REGISTRY] = registry
+    return TaskCore(registry, hosted)
+
+
+def build_tasks(core: TaskCore, config: Config, upstream: Upstream, metrics: Metrics) -> Tasks:
+    """The task parts of one endpoint, from its own config (`Config.for_route`) and upstream."""
+    passthrough = Passthrough(core.registry, upstream, config.tasks, metrics)
+    service = TaskService(
+        core.hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
+    )
+    return Tasks(core.registry, service, passthrough)
+
+
+def run_tasks(app: web.Application, core: TaskCore, stores: Stores, routes: Mapping[str | None, Tasks]) -> None:
+    """Start the shared registry, taking over what a previous process left (each pass-through task by
+    the watcher of the endpoint it was made on, `route_of` its owner), and stop every endpoint's runs."""
+    registry, hosted = core.registry, core.hosted
+
+    def passthrough_for(task: Task) -> Passthrough | None:
+        tasks = routes.get(route_of(task.record.owner))
+        return tasks.passthrough if tasks is not None else None
+
+    leases = OwnerLeases(stores.leases, registry, hosted, passthrough_for) if stores.leases is not None else None
 
     async def running(_: web.Application) -> AsyncIterator[None]:
         if leases is None:
             await registry.rebuild()
-            await take_over(registry, passthrough)
+            await take_over(registry, passthrough_for)
         registry.start()
         if leases is not None:
             leases.start()
@@ -71,9 +100,9 @@ def build_tasks(app: web.Application, config: Config, stores: Stores, upstream: 
             await leases.stop()
         await registry.stop()
         await hosted.stop()
-        await passthrough.stop()
+        for tasks in routes.values():
+            await tasks.passthrough.stop()
         if leases is not None:  # its runs stopped: the other replicas take its tasks over at once
             await leases.hand_over()
 
     app.cleanup_ctx.append(running)
-    return Tasks(registry, service)

@@ -197,15 +197,16 @@ class EdgeAuth:
         """Whether the caller meets the rule: every scope, every claim condition."""
         return principal.scopes.issuperset(rule.scopes) and not unmet_claims(rule, principal.claims)
 
-    def check_call(self, principal: Principal, message: Message) -> AuthRule | None:
+    def check_call(self, principal: Principal, message: Message, rules: AuthConfig | None = None) -> AuthRule | None:
         """The rule of a `tools/call` (plain or creating a task), for its per-tool rate limit; None when
         no rule applies. A caller the rule refuses gets 403: for a failed claim condition without a
         step-up challenge (more scopes cannot fix who the caller is), checked first for that reason;
-        for missing scopes `insufficient_scope` naming every scope the tool needs."""
+        for missing scopes `insufficient_scope` naming every scope the tool needs. `rules`: the endpoint's
+        own (`Config.for_route`), else `[auth]`'s."""
         if not self.enabled or message.get("method") != "tools/call":
             return None
         tool = jsonrpc.params_of(message).get("name")
-        rule = self.config.rule_for(tool)
+        rule = (rules or self.config).rule_for(tool)
         if rule is None or self.permits(rule, principal):
             return rule
         if unmet := unmet_claims(rule, principal.claims):
@@ -227,8 +228,9 @@ class EdgeAuth:
         error.request_id = message["id"]
         raise error
 
-    def visible_tools(self, principal: Principal, result: Message) -> Message:
+    def visible_tools(self, principal: Principal, result: Message, rules: AuthConfig | None = None) -> Message:
         """A tools/list result without the tools hidden from this caller (`hide` rules it fails)."""
+        rules = rules or self.config
         tools = result.get("tools")
         if not self.enabled or not isinstance(tools, list):
             return result
@@ -237,7 +239,7 @@ class EdgeAuth:
             for tool in tools
             if not (
                 isinstance(tool, dict)
-                and (rule := self.config.rule_for(tool.get("name"))) is not None
+                and (rule := rules.rule_for(tool.get("name"))) is not None
                 and rule.hide
                 and not self.permits(rule, principal)
             )

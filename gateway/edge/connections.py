@@ -23,6 +23,7 @@ import asyncio
 import logging
 import resource
 import socket
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -156,10 +157,14 @@ class AcceptErrors:
         )
 
 
-def raise_file_limit(server: ServerConfig, upstream: UpstreamConfig) -> str | None:
-    """Make the open-file soft limit hold `max_connections` and what the gateway needs besides (raising
-    it toward the hard limit if needed); a warning when even the hard limit cannot, else None."""
-    upstream_files = 3 * upstream.stdio.max_processes if upstream.command else upstream.http.max_connections
+def raise_file_limit(server: ServerConfig, upstreams: Iterable[UpstreamConfig]) -> str | None:
+    """Make the open-file soft limit hold `max_connections` and what the gateway needs besides, for
+    every upstream (raising it toward the hard limit if needed); a warning when even the hard limit
+    cannot, else None."""
+    upstream_files = sum(
+        3 * upstream.stdio.max_processes if upstream.command else upstream.http.max_connections
+        for upstream in upstreams
+    )
     needed = server.max_connections + upstream_files + FILES_RESERVED
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:

@@ -17,11 +17,12 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from gateway.buffers import BufferBudget
-from gateway.config import ServerConfig
+from gateway.config import AuthConfig, ServerConfig
 from gateway.edge import checks
 from gateway.edge.auth import AuthRefused, EdgeAuth
 from gateway.edge.limits import PrincipalLimits, RateLimited
@@ -30,7 +31,7 @@ from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
-from gateway.principal import Principal
+from gateway.principal import Principal, on_route
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import Era
@@ -83,6 +84,18 @@ def _not_allowed(method: str) -> ProtocolError:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointScope:
+    """Which endpoint this is: the gateway's main one (`name` None), or one upstream's own
+    (`/servers/NAME/mcp`), whose callers' tasks and sessions are its alone (`on_route`)."""
+
+    name: str | None
+    rules: AuthConfig
+    """The `[[auth.rules]]` that apply here (`Config.for_route`)."""
+    unavailable: Callable[[], ProtocolError | None] = lambda: None
+    """The error every request gets while the endpoint's upstream is not usable (503, as /readyz)."""
+
+
 PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
 """Serves a checked and parsed POST in its era's way (in a session, or on its own)."""
 
@@ -100,10 +113,13 @@ class McpEndpoint:
         auth: EdgeAuth,
         *,
         stream_write_timeout_s: float,
+        scope: EndpointScope | None = None,
     ) -> None:
         self._config = config
         self._auth = auth
-        self._limits = PrincipalLimits(auth.config.limits, rules=auth.config.rules) if auth.enabled else None
+        self._scope = scope or EndpointScope(None, auth.config)
+        rules = self._scope.rules
+        self._limits = PrincipalLimits(rules.limits, rules=rules.rules) if auth.enabled else None
         self._budget = budget
         self._upstream = upstream
         self._sessions = sessions
@@ -121,6 +137,9 @@ class McpEndpoint:
             principal = await self._auth.authenticate(request)
             if self._limits is not None:
                 self._limits.admit(principal.owner)
+            if (unavailable := self._scope.unavailable()) is not None:
+                raise unavailable
+            principal = on_route(principal, self._scope.name)
             era = Era.for_header(request.headers.get("MCP-Protocol-Version"))
             # Era branch: 2025-11-25 requests live in sessions (handshake, GET stream, DELETE, client
             # responses); 2026-07-28 ones stand alone, on POST only.
@@ -175,7 +194,7 @@ class McpEndpoint:
 
     def _check_call(self, principal: Principal, message: Message) -> None:
         """A `tools/call` the tool's `[[auth.rules]]` entry refuses (403), or over its per-tool rate (429)."""
-        rule = self._auth.check_call(principal, message)
+        rule = self._auth.check_call(principal, message, self._scope.rules)
         if rule is None or self._limits is None:
             return
         try:
@@ -397,7 +416,7 @@ class McpEndpoint:
             result = final.get("result")
             if not isinstance(result, dict):
                 return final
-            return {**final, "result": self._auth.visible_tools(principal, result)}
+            return {**final, "result": self._auth.visible_tools(principal, result, self._scope.rules)}
 
         return dataclasses.replace(hooks, transform=visible)
 

@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import RetentionConfig, TasksConfig, ToolTaskPolicy
+from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import TaskEvent
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, dialect_of, unknown_task
@@ -89,9 +89,6 @@ class HostedTasks:
     def advertise(self, result: dict[str, Any], dialect: Dialect) -> dict[str, Any]:
         """The initialize / server/discover result with the gateway's task capability (and eventStreams)."""
         return dialect.advertise(result, self.event_streams_capability() if self._events else None)
-
-    def policy(self, tool: object) -> ToolTaskPolicy:
-        return self._config.policy_for(tool)
 
     # -- creating and running tasks -------------------------------------------------------------
 

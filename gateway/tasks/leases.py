@@ -29,9 +29,8 @@ from collections.abc import Awaitable
 
 from gateway.tasks.hosted import HostedTasks
 from gateway.tasks.lease_store import LeaseStore, Renewal
-from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import Task, TaskRegistry
-from gateway.tasks.takeover import LEASE_EXPIRED, take_over_task
+from gateway.tasks.takeover import LEASE_EXPIRED, PassthroughFor, take_over_task
 
 __all__ = ["OwnerLeases"]
 
@@ -44,12 +43,12 @@ store's clock must see the lease expired. Also the least wait between ticks."""
 
 class OwnerLeases:
     def __init__(
-        self, store: LeaseStore, registry: TaskRegistry, hosted: HostedTasks, passthrough: Passthrough
+        self, store: LeaseStore, registry: TaskRegistry, hosted: HostedTasks, passthrough_for: PassthroughFor
     ) -> None:
         self._store = store
         self._registry = registry
         self._hosted = hosted
-        self._passthrough = passthrough
+        self._passthrough_for = passthrough_for
         self._runner: asyncio.Task[None] | None = None
         self._next_expiry_s: float | None = None
         """Seconds from the last tick's scan until the earliest lease then live expires (None: none)."""
@@ -131,7 +130,7 @@ class OwnerLeases:
         log.warning("taking over a task whose owner's lease expired", extra={"task": task.id})
         try:
             await take_over_task(
-                self._registry, self._passthrough, task, LEASE_EXPIRED, cancel_requested=cancel_requested
+                self._registry, self._passthrough_for, task, LEASE_EXPIRED, cancel_requested=cancel_requested
             )
         except Exception as error:  # the store went away midway: let the lease lapse, to be claimed again
             log.warning("taking over a task failed; it will be claimed again", extra={"error": repr(error)})

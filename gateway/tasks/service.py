@@ -165,7 +165,7 @@ class TaskService:
         tasks the upstream will not run (the gateway hosts them, or refuses them), or a request naming a
         task the gateway hosts here."""
         if call.method == "tools/call":
-            policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
+            policy = self._tasks.policy_for(jsonrpc.params_of(call.message).get("name"))
             return who_hosts(facts.tool_support, policy, call.era).host is not Host.UPSTREAM
         if call.method == "tasks/stream" or call.method in call.dialect.task_requests:
             task = self._hosted.registry.get(call.owner, jsonrpc.params_of(call.message).get("taskId"))
@@ -284,7 +284,7 @@ class TaskService:
 
         def hosting_of(tool: Mapping[str, Any]) -> ToolHosting:
             upstream = listed_support(tool) if upstream_tasks else UpstreamSupport.NONE
-            return who_hosts(upstream, self._hosted.policy(tool.get("name")), call.era)
+            return who_hosts(upstream, self._tasks.policy_for(tool.get("name")), call.era)
 
         async def annotate(final: Message) -> Message:
             result = final.get("result")
@@ -417,7 +417,7 @@ class TaskService:
         return Forward(channel, upstream.message, call.headers, RelayHooks(transform=transform, handoff=handoff))
 
     def _plan_tool_call(self, call: TaskCall) -> Hosting | None:
-        policy = self._hosted.policy(jsonrpc.params_of(call.message).get("name"))
+        policy = self._tasks.policy_for(jsonrpc.params_of(call.message).get("name"))
         return plan_tool_call(policy, call.message, call.era)
 
     # -- tasks/stream ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ id (a 2025-11-25 one on its stored upstream session), after a `capture.interrupt
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
@@ -31,19 +32,25 @@ OWNER_LOST_REASON = "owner_lost"
 """`data.reason` of the error kept as the outcome of a task the gateway lost."""
 
 
-async def take_over(registry: TaskRegistry, passthrough: Passthrough) -> None:
+PassthroughFor = Callable[[Task], Passthrough | None]
+"""The pass-through watcher of the endpoint a task was created on (None: no endpoint serves it now,
+e.g. its upstream left the configuration)."""
+
+
+async def take_over(registry: TaskRegistry, passthrough_for: PassthroughFor) -> None:
     """Fail or watch again every task the stores hold unfinished. Once, before the gateway serves."""
     for task in await registry.adopt_unfinished():
-        await take_over_task(registry, passthrough, task, RESTARTED)
+        await take_over_task(registry, passthrough_for, task, RESTARTED)
 
 
 async def take_over_task(
-    registry: TaskRegistry, passthrough: Passthrough, task: Task, gone: str, *, cancel_requested: bool = False
+    registry: TaskRegistry, passthrough_for: PassthroughFor, task: Task, gone: str, *, cancel_requested: bool = False
 ) -> None:
     """What becomes of one task whose owner is `gone` (a sentence: why it no longer runs the task), at a
     restart or when another replica's lease expired: watched again if the upstream holds it, else lost;
     `cancelled` instead of `failed` when a client had asked to cancel it."""
-    if task.record.upstream is not None and await passthrough.resume(task):
+    passthrough = passthrough_for(task) if task.record.upstream is not None else None
+    if passthrough is not None and await passthrough.resume(task):
         log.info("watching an upstream task again", extra={"task": task.id})
     else:
         await lose(registry, task, _cause(task, gone), cancelled=cancel_requested)
