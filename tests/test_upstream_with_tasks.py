@@ -37,7 +37,16 @@ from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
 from gateway.protocol.dialect import TASK_TOOL_KEY
 from gateway.protocol.era import Era
-from tests.conftest import READY_TIMEOUT, ROOT, STOP_TIMEOUT, free_port, start_gateway, stop_process, wait_for_port
+from tests.conftest import (
+    EXAMPLE_SERVER,
+    READY_TIMEOUT,
+    ROOT,
+    STOP_TIMEOUT,
+    free_port,
+    start_gateway,
+    stop_process,
+    wait_for_port,
+)
 from tests.test_upstream_crash import descendants, kill_all
 from tests.wire import LEGACY, Client, Message
 
@@ -219,6 +228,7 @@ class Pair:
         self,
         kind: str,
         url: str,
+        base: str,
         client: Client,
         gateway_init: Message,
         direct: Call,
@@ -227,6 +237,8 @@ class Pair:
     ) -> None:
         self.kind = kind
         self.url = url
+        self.base = base
+        """The gateway's own address (/metrics)."""
         self.client = client
         self.gateway = client_call(client)
         self.gateway_init = gateway_init
@@ -236,13 +248,27 @@ class Pair:
         """What the direct stdio session received besides responses (None over HTTP)."""
 
 
-@pytest.fixture(params=["stdio", "http"])
+def beside_the_build_server(command: list[str]) -> str:
+    """A config with server-everything (`command`) as one of two `[[upstreams]]`, served on its own at
+    /servers/everything/mcp: the per-path endpoint must be as faithful as the single one."""
+    return (
+        f'[[upstreams]]\nname = "everything"\ncommand = {json.dumps(command)}\n\n'
+        f'[[upstreams]]\nname = "build"\ncommand = {json.dumps(EXAMPLE_SERVER)}\n'
+    )
+
+
+@pytest.fixture(params=["stdio", "http", "servers-path"])
 async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Pair]:
     kind: str = request.param
     async with contextlib.AsyncExitStack() as stack:
         http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
-        if kind == "stdio":
-            gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*node_command(), "stdio"]))
+        if kind in ("stdio", "servers-path"):
+            if kind == "stdio":
+                gw = await stack.enter_async_context(start_gateway(upstream_cmd=[*node_command(), "stdio"]))
+            else:
+                config = beside_the_build_server([*node_command(), "stdio"])
+                gw = await stack.enter_async_context(start_gateway(config_text=config))
+                gw.url = f"{gw.base}/servers/everything/mcp"
             stdio, direct_init = await stack.enter_async_context(stdio_direct(tmp_path))
             direct, pushes = stdio.call, stdio.notifications
         else:
@@ -252,7 +278,7 @@ async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             pushes = None
         client = Client(http, gw.url, LEGACY)
         init = await asyncio.wait_for(client.initialize(CLIENT_CAPABILITIES), CALL_TIMEOUT)
-        yield Pair(kind, gw.url, client, init, direct, direct_init, pushes)
+        yield Pair(kind, gw.url, gw.base, client, init, direct, direct_init, pushes)
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
             await asyncio.wait_for(client.delete(), STOP_TIMEOUT)
 
@@ -527,10 +553,10 @@ async def test_the_timeline_is_complete_after_the_creating_session_is_gone(pair:
     assert statuses(events) == [*RESEARCH_STAGES, ("completed", "Generating report...")]
 
 
-async def watched_tasks(http: aiohttp.ClientSession, url: str) -> float:
+async def watched_tasks(http: aiohttp.ClientSession, base: str) -> float:
     """The gateway's `mcp_gateway_upstream_tasks` gauge: pass-through tasks whose watcher still holds
     their upstream conversation open."""
-    async with http.get(url.removesuffix("/mcp") + "/metrics") as response:
+    async with http.get(base + "/metrics") as response:
         text = await response.text()
     match = re.search(r"^mcp_gateway_upstream_tasks (\S+)$", text, re.MULTILINE)
     assert match, text
@@ -554,7 +580,7 @@ async def test_a_later_session_gets_the_outcome_after_the_creating_conversation_
     events = await timeline(pair.url, task_id)  # a new session; the stream ends with the task
     async with asyncio.timeout(CALL_TIMEOUT):
         while True:  # the task's watcher ended: its conversation is closed (the channel refuses requests)
-            if await watched_tasks(pair.client.http, pair.url) == 0:
+            if await watched_tasks(pair.client.http, pair.base) == 0:
                 break
             await asyncio.sleep(0.05)
     direct_result, direct_done = await direct
