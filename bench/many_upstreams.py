@@ -128,7 +128,8 @@ async def run(calls: int, lists: int, rounds: int) -> dict[str, list[float]]:
                 for mode in MODES:
                     pair = [("single", "echo"), ("routed", "build__echo")]
                     for name, tool in pair if round_no % 2 == 0 else reversed(pair):
-                        samples.setdefault(f"{name} {mode}", []).append(await call_median(urls[name], mode, tool, calls))
+                        median_ms = await call_median(urls[name], mode, tool, calls)
+                        samples.setdefault(f"{name} {mode}", []).append(median_ms)
                 for name in ("one", "wide") if round_no % 2 == 0 else ("wide", "one"):
                     median, tools = await list_median(urls[name], lists)
                     samples.setdefault(f"list {name}", []).append(median)
