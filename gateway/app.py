@@ -57,7 +57,9 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     health = build_health(app, config, routes, stores, sessions.values(), tasks.values(), metrics)
     for route in routes:
         unavailable = health.unavailable(route.name)
-        build_endpoint(app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable)
+        build_endpoint(
+            app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable
+        )
     return app
 
 

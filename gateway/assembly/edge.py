@@ -26,7 +26,6 @@ from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import ProtocolError
 from gateway.sessions import SessionRegistry
-from gateway.upstream.base import Upstream
 
 log = logging.getLogger("gateway")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway import __version__
-from gateway.assembly.stores import Stores
 from gateway.assembly.routes import Route
+from gateway.assembly.stores import Stores
 from gateway.assembly.tasks import Tasks
 from gateway.config import Config
 from gateway.edge.responder import json_response

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway.assembly.upstream import start_upstream
 from gateway.buffers import BufferBudget
 from gateway.config import Config
 from gateway.metrics import Metrics
 from gateway.upstream.aggregate import AggregateUpstream
 from gateway.upstream.base import Upstream
-
-from gateway.assembly.upstream import start_upstream
 
 SERVERS_PATH = "/servers/{name}/mcp"
 """Where each of several upstreams is served on its own."""

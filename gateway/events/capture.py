@@ -42,16 +42,21 @@ class Capture:
     def event_type(self, name: str) -> str:
         return f"{self.prefix}.{name}"
 
-    def from_notification(self, message: Message) -> TaskEvent | None:
-        """The event a notification maps to, or None when a rule drops it or none matches."""
+    def from_notification(self, message: Message, upstream: str | None = None) -> TaskEvent | None:
+        """The event a notification maps to, or None when a rule drops it or none matches. `upstream`:
+        the named upstream it came from (several upstreams): only its scoped rules and the unscoped
+        ones apply, and the event records it (an audit field)."""
         method = message.get("method", "")
         params = jsonrpc.params_of(message)
         for rule in self._rules:
+            if rule.upstream is not None and rule.upstream != upstream:
+                continue
             if not fnmatch.fnmatchcase(method, rule.method) or not _fields_match(params, rule.match):
                 continue
             if rule.drop or rule.type is None:
                 return None
-            return TaskEvent(self.event_type(rule.type), _payload(rule, method, params))
+            audit = {"upstream": upstream} if upstream is not None else {}
+            return TaskEvent(self.event_type(rule.type), _payload(rule, method, params), audit)
         return None
 
     def lifecycle(self, name: str, **payload: Any) -> TaskEvent:

@@ -80,10 +80,10 @@ class TaskHandoff:
     async def _adopt(self) -> Task:
         """The call's task, with the notifications relayed so far as its first events."""
         task = await self._hosted.create(self._caller, self._call.message)
-        capture = self._hosted.registry.capture
-        events = [event for message in self._observed if (event := capture.from_notification(message)) is not None]
+        registry = self._hosted.registry
+        events = [event for message in self._observed if (event := registry.capture_from(task, message)) is not None]
         if events:
-            await self._hosted.registry.record(task, *events)
+            await registry.record(task, *events)
         return task
 
     def _room_for_task(self) -> bool:

@@ -177,7 +177,6 @@ class HostedTasks:
     async def _consume(self, task: Task, caller: Caller, call: UpstreamCall, exchange: Exchange) -> Message | None:
         """Record the call's notifications, handle its server-to-client requests; the response."""
         outcome: Message | None = None
-        capture = self.registry.capture
         while (batch := await exchange.next_batch()) is not None:
             events: list[TaskEvent] = []
             for message in batch:
@@ -188,7 +187,7 @@ class HostedTasks:
                         await self.registry.record(task, *events)
                         events = []
                     await self._server_request(task, caller, call, message)
-                elif (event := capture.from_notification(message)) is not None:
+                elif (event := self.registry.capture_from(task, message)) is not None:
                     events.append(event)
             if events:
                 await self.registry.record(task, *events)

@@ -118,7 +118,6 @@ class Passthrough:
 
     async def _capture(self, task: Task, method: str | None, message: Message) -> None:
         ref = watched(task)
-        capture = self.registry.capture
         kind = message.get("method")
         if kind == TASK_EVENT:
             # A native upstream's stream: its own log, replayed at will; the gateway's log takes no copy.
@@ -131,7 +130,7 @@ class Passthrough:
                 task, "input.requested", method=kind, requestId=message["id"], **summarize_request(message)
             )
         elif kind is not None:
-            if (event := capture.from_notification(message)) is not None:
+            if (event := self.registry.capture_from(task, message)) is not None:
                 await self.registry.record(task, event)
         elif method in _STATUS_ANSWERS and isinstance(message.get("result"), dict):
             await self._observe_status(task, message["result"], pushed=False)
@@ -258,8 +257,9 @@ class Passthrough:
         token = jsonrpc.meta_of(request).get("progressToken")
         ref = UpstreamTask(channel, upstream_id, era, dict(headers), task.poll_interval_ms, token)
         task.upstream = ref
-        capture = self.registry.capture
-        notes = [event for message in earlier if "id" not in message and (event := capture.from_notification(message))]
+        notes = [
+            event for message in earlier if "id" not in message and (event := self.registry.capture_from(task, message))
+        ]
         if notes:
             await self.registry.record(task, *notes)
         # Then its state: what waited in the stash (mostly pushes sent before the answer), then the

@@ -45,6 +45,7 @@ from gateway.events.log import EventLog, LogSealed, StoreUnavailable
 from gateway.events.summaries import call_audit, summarize_outcome
 from gateway.metrics import Metrics
 from gateway.principal import ANONYMOUS as ANONYMOUS  # the owner of every call without auth
+from gateway.principal import route_of
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, RequestId
 from gateway.tasks.lifecycle import Command, Event, Kind, LifecycleError, Phase, Transition, phase_of, step
@@ -253,6 +254,8 @@ class TaskRegistry:
         outage = outage or StoreConfig()
         self.writes = HeldWrites(outage.outage_buffer_bytes, outage.outage_hold_s, metrics, self._fail_held)
         """The writes of tasks the store could not take yet, retried until it does."""
+        self.upstream_of_tool: Callable[[str], str | None] = lambda _tool: None
+        """The upstream a tool of the aggregate endpoint is (set with several upstreams)."""
 
     def __len__(self) -> int:
         """The tasks this process holds: every live record it counts against `max_tasks_total`."""
@@ -307,9 +310,21 @@ class TaskRegistry:
         # The record exists: from here on the store's faults are held like any write of a running task.
         await self.writes.write(task.id, 0, lambda: self.log.create(task.id))
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
+        if (named := self.upstream_of(record)) is not None:
+            payload["upstream"] = named
         lifecycle = TaskEvent(self.capture.event_type("task.created"), payload, call_audit(owner, arguments))
         await self.record(task, lifecycle)
         return task
+
+    def upstream_of(self, record: TaskRecord) -> str | None:
+        """The upstream whose tool the task runs, with several upstreams (None with one): the one whose
+        own endpoint made it, or the one the aggregate's prefixed tool name names. Its events say so,
+        and only its `upstream`-scoped capture rules apply."""
+        return route_of(record.owner) or self.upstream_of_tool(record.tool)
+
+    def capture_from(self, task: Task, message: Message) -> TaskEvent | None:
+        """The event an upstream notification of `task` maps to (`Capture.from_notification`)."""
+        return self.capture.from_notification(message, self.upstream_of(task.record))
 
     async def adopt_unfinished(self) -> list[Task]:
         """The tasks a previous process on these stores left unfinished, each now this process's
