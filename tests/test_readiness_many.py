@@ -3,7 +3,8 @@
 field, and `unavailable_error` (names the upstream and why, never its command line).
 
 Real stdio upstreams: the example server, a command that exits at once, and a script that exits unless
-a flag file exists and otherwise execs the example server. Every wait is on an event, bounded.
+a flag file exists and otherwise execs the example server; an HTTP upstream at a port nothing listens
+on. Every wait is on an event, bounded.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ReadinessConfig, StdioConfig
+from gateway.config import HttpUpstreamConfig, ReadinessConfig, StdioConfig
 from gateway.metrics import Metrics
 from gateway.readiness import (
     UPSTREAM_UNAVAILABLE,
@@ -27,8 +28,9 @@ from gateway.readiness import (
     UpstreamState,
     unavailable_error,
 )
+from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
-from tests.conftest import EXAMPLE_SERVER
+from tests.conftest import EXAMPLE_SERVER, free_port
 
 WAIT_S = 30.0
 """Bound of every wait below (a check starts one process)."""
@@ -178,3 +180,46 @@ def test_an_upstream_not_yet_checked_is_unavailable_for_that_reason() -> None:
     error = unavailable_error("search", state)
     assert "upstream 'search' is not usable (the first check has not finished)" in error.message, error.message
     assert "internal detail" not in error.message
+
+
+async def test_a_stdio_link_labels_its_metrics_and_log_lines_with_its_name(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="gateway.upstream.stdio")
+    metrics = Metrics()
+    link = StdioUpstream(EXAMPLE_SERVER, StdioConfig(idle_processes=1), metrics, name="build")
+    processes = {"upstream": "build"}
+    assert metrics.registry.get_sample_value("mcp_gateway_upstream_processes", processes) == 0
+    assert metrics.registry.get_sample_value("mcp_gateway_upstream_restarts_total", processes) == 0
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await link.start()  # one warm idle process
+        assert metrics.registry.get_sample_value("mcp_gateway_upstream_processes", processes) == 1
+    finally:
+        await link.close()
+    assert metrics.registry.get_sample_value("mcp_gateway_upstream_processes", processes) == 0
+    started = [record for record in caplog.records if record.getMessage() == "upstream process started"]
+    assert [getattr(record, "upstream", None) for record in started] == ["build"], started
+
+
+async def test_an_unreachable_http_upstream_is_unready_by_name_without_its_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="gateway.upstream.http")
+    port = free_port()
+    metrics = Metrics()
+    link = HttpUpstream(f"http://127.0.0.1:{port}/mcp", HttpUpstreamConfig(), metrics, name="search")
+    await link.start()
+    readiness = Readiness(link, f"http://127.0.0.1:{port}/mcp", FAST, 10.0, metrics, name="search")
+    changes, listener = recorder()
+    readiness.on_change(listener)
+    readiness.start()
+    try:
+        name, state = await next_change(changes)
+    finally:
+        await readiness.stop()
+        await link.close()
+    assert name == "search" and state.status == "unready" and "unreachable" in (state.reason or ""), state
+    error = unavailable_error(name, state)
+    assert "upstream 'search' is not usable" in error.message and str(port) not in error.message, error.message
+    assert str(port) not in str(state.body()), state.body()
+    unreachable = [record for record in caplog.records if "unreachable" in record.getMessage()]
+    assert unreachable and {getattr(record, "upstream", None) for record in unreachable} == {"search"}, unreachable
