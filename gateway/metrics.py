@@ -2,7 +2,8 @@
 
 Every metric is one row of `METRICS` (attribute, kind, exported name, help, labels, buckets); `Metrics`
 builds them all on its registry and carries each as the attribute its row names, typed by the class
-annotations below. A new metric is a row and an annotation.
+annotations below. A new metric is a row and an annotation. A metric about one upstream (its processes,
+readiness, deadlines, stdio lines) carries an `upstream` label: the upstream's configured name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_UPSTREAM = "default"
+"""The `upstream` label of the one upstream a single `[upstream]` (or --upstream-cmd/--upstream-url) configures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,21 +90,30 @@ METRICS: tuple[MetricSpec, ...] = (
         "upstream_restarts",
         Counter,
         "mcp_gateway_upstream_restarts",
-        "Upstream stdio processes that exited unexpectedly",
+        "Upstream stdio processes that exited unexpectedly, by upstream",
+        ("upstream",),
     ),
-    MetricSpec("upstream_processes", Gauge, "mcp_gateway_upstream_processes", "Running upstream stdio processes"),
+    MetricSpec(
+        "upstream_processes",
+        Gauge,
+        "mcp_gateway_upstream_processes",
+        "Running upstream stdio processes, by upstream",
+        ("upstream",),
+    ),
     MetricSpec(
         "upstream_ready",
         Gauge,
         "mcp_gateway_upstream_ready",
-        "1 while the upstream is usable (/readyz answers 200), else 0",
+        "1 while the upstream is usable (its readiness check passes), else 0, by upstream",
+        ("upstream",),
     ),
     MetricSpec(
         "upstream_checks",
         Counter,
         "mcp_gateway_upstream_checks",
-        "Readiness checks of the upstream (a fresh conversation's initialize), by outcome: usable, unusable",
-        ("outcome",),
+        "Readiness checks of an upstream (a fresh conversation's initialize), by outcome (usable, unusable) "
+        "and upstream",
+        ("outcome", "upstream"),
     ),
     MetricSpec(
         "upstream_task_polls",
@@ -170,8 +182,8 @@ METRICS: tuple[MetricSpec, ...] = (
         Counter,
         "mcp_gateway_request_timeouts",
         "Requests sent upstream that got no response within their deadline (request_timeout_s), by method; "
-        "each was answered with an error and cancelled upstream",
-        ("method",),
+        "each was answered with an error and cancelled upstream; by method and upstream",
+        ("method", "upstream"),
     ),
     MetricSpec(
         "upstream_oversized_lines",
@@ -179,8 +191,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "mcp_gateway_upstream_oversized_lines",
         "Lines from a stdio upstream longer than line_limit_bytes, skipped unread, by outcome: request_failed"
         " (a response whose request got an error instead), dropped (nothing to attribute it to: a "
-        "notification, a server request, or a response whose id was not found)",
-        ("outcome",),
+        "notification, a server request, or a response whose id was not found); by outcome and upstream",
+        ("outcome", "upstream"),
     ),
     MetricSpec("open_streams", Gauge, "mcp_gateway_open_streams", "Open client SSE streams"),
     MetricSpec(
@@ -295,8 +307,8 @@ class Metrics:
             child = self._forwarded_children[method] = self.notifications_forwarded.labels(method=method)
         child.inc(count)
 
-    def count_timeout(self, method: str) -> None:
-        self.request_timeouts.labels(method=method).inc()
+    def count_timeout(self, method: str, upstream: str = DEFAULT_UPSTREAM) -> None:
+        self.request_timeouts.labels(method=method, upstream=upstream).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

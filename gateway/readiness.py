@@ -8,7 +8,13 @@ nothing answers within `server.initialize_timeout_s`.
 
 One background task owns the checks: while the upstream is unusable it checks again with capped
 exponential backoff; while usable, when real traffic reports an upstream failure (`Upstream.on_failure`)
-and every `recheck_interval_s`. Each change of state is logged once; /readyz only reads the state.
+and every `recheck_interval_s`. Each change of state is logged once (with the upstream's configured
+name in the line's `upstream` field) and told to the `on_change` listeners; /readyz only reads the state.
+
+With several upstreams each has its own `Readiness`, and a `ReadinessSet` says whether the gateway is
+ready (`[server] ready_when`: any or all of them) and gives the /readyz body naming each.
+`unavailable_error` is what a request for an unusable upstream gets: 503, naming the upstream and why
+in words that name no command line, URL or path.
 
 The task store's health (`StoreHealth`) is kept beside it: /readyz answers 503 while the store cannot
 be used (its server down, its disk full), whatever the upstream's state.
@@ -29,7 +35,8 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from gateway.config import ReadinessConfig, UpstreamConfig
-from gateway.metrics import Metrics
+from gateway.metrics import DEFAULT_UPSTREAM, Metrics
+from gateway.protocol.jsonrpc import Unavailable
 from gateway.upstream.base import Upstream
 from gateway.upstream.bridge.eras import UpstreamEras, probe_initialize
 from gateway.upstream.bridge.upstream import BridgingUpstream
@@ -37,6 +44,10 @@ from gateway.upstream.bridge.upstream import BridgingUpstream
 log = logging.getLogger("gateway.readiness")
 
 Status = Literal["starting", "ready", "unready"]
+ReadyWhen = Literal["any", "all"]
+
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+"""`data.reason` of the error a request for an unusable upstream gets (`unavailable_error`)."""
 
 PROBE_INITIALIZE = probe_initialize("mcp-task-gateway-readiness")
 
@@ -45,11 +56,14 @@ PROBE_INITIALIZE = probe_initialize("mcp-task-gateway-readiness")
 class UpstreamState:
     status: Status
     reason: str | None
-    """Why the upstream is not usable (None when it is)."""
+    """Why the upstream is not usable (None when it is), for the log and /readyz: it may quote the
+    upstream's own words (its last stderr line, an HTTP error body), which may name paths."""
     since: float
     """Wall-clock time of the last change of status."""
     era: UpstreamEras | None = None
     """The eras the upstream speaks, once learnt (an upstream behind the era seam)."""
+    client_reason: str | None = None
+    """`reason` as clients may be told it: without the upstream's own words."""
 
     @property
     def ready(self) -> bool:
@@ -72,6 +86,23 @@ def retry_delays(initial_s: float, max_s: float) -> Iterator[float]:
     while True:
         yield delay
         delay = min(delay * 2, max_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """What a check found wrong: `reason` for the log and /readyz, `client_reason` for clients."""
+
+    reason: str
+    client_reason: str
+
+
+def unavailable_error(name: str, state: UpstreamState) -> Unavailable:
+    """The 503 (with Retry-After, as the edge answers every `Unavailable`) a request for the upstream
+    `name` gets while `state` is not ready. It names the upstream and why, never its address."""
+    why = state.client_reason or f"its state is {state.status}"
+    error = Unavailable(UPSTREAM_UNAVAILABLE, f"upstream {name!r} is not usable ({why}): see /readyz")
+    error.data["upstream"] = name
+    return error
 
 
 def upstream_name(config: UpstreamConfig) -> str:
@@ -102,21 +133,44 @@ class BackgroundLoop(ABC):
     async def _run(self) -> None: ...
 
 
+ChangeListener = Callable[[str, UpstreamState], None]
+"""Told the upstream's configured name and its new state at each change of status. Must not block."""
+
+FIRST_CHECK_PENDING = "the first check of the upstream has not finished"
+
+
 class Readiness(BackgroundLoop):
-    """The upstream's usability, checked in the background (`start`/`stop`) and read by /readyz (`state`)."""
+    """One upstream's usability, checked in the background (`start`/`stop`) and read by /readyz (`state`).
+
+    `described` names the upstream in log messages (its command line or URL: `upstream_name`); `name` is
+    its configured name, the `upstream` label of its metrics and field of its log lines."""
 
     loop_name = "readiness"
 
     def __init__(
-        self, upstream: Upstream, name: str, config: ReadinessConfig, check_timeout_s: float, metrics: Metrics
+        self,
+        upstream: Upstream,
+        described: str,
+        config: ReadinessConfig,
+        check_timeout_s: float,
+        metrics: Metrics,
+        *,
+        name: str = DEFAULT_UPSTREAM,
     ) -> None:
+        self.name = name
         self._upstream = upstream
         self._era: UpstreamEras | None = None
-        self._name = name
+        self._described = described
         self._config = config
         self._check_timeout_s = check_timeout_s
-        self._metrics = metrics
-        self._state = UpstreamState("starting", "the first check of the upstream has not finished", time.time())
+        self._ready_gauge = metrics.upstream_ready.labels(upstream=name)
+        self._ready_gauge.set(0)
+        self._checks = {
+            usable: metrics.upstream_checks.labels(outcome="usable" if usable else "unusable", upstream=name)
+            for usable in (True, False)
+        }
+        self._state = UpstreamState("starting", FIRST_CHECK_PENDING, time.time(), client_reason=FIRST_CHECK_PENDING)
+        self._listeners: list[ChangeListener] = []
         self._suspect = asyncio.Event()
         upstream.on_failure(self._on_traffic_failure)
 
@@ -124,10 +178,14 @@ class Readiness(BackgroundLoop):
     def state(self) -> UpstreamState:
         return self._state
 
+    def on_change(self, listener: ChangeListener) -> None:
+        """Tell `listener` each change of status from now on (ready, unready; never back to starting)."""
+        self._listeners.append(listener)
+
     def _on_traffic_failure(self, cause: str) -> None:
         self._suspect.set()
 
-    async def check(self) -> str | None:
+    async def check(self) -> Unusable | None:
         """Check the upstream once: None when it is usable, else why not."""
         async with self._upstream.probe_session() as channel:
             exchange = await channel.request(PROBE_INITIALIZE, {})
@@ -136,9 +194,10 @@ class Readiness(BackgroundLoop):
                     await exchange.collect()
             except TimeoutError:
                 await exchange.cancel()
-                return f"initialize not answered within {self._check_timeout_s:g} s"
-        if exchange.failure_detail is not None:
-            return f"initialize failed: {exchange.failure_detail}"
+                late = f"initialize not answered within {self._check_timeout_s:g} s"
+                return Unusable(late, late)
+        if exchange.failure is not None:
+            return Unusable(f"initialize failed: {exchange.failure_detail}", f"initialize failed: {exchange.failure}")
         if isinstance(self._upstream, BridgingUpstream):
             self._era = await self._upstream.learn_eras()
         return None
@@ -150,8 +209,9 @@ class Readiness(BackgroundLoop):
             try:
                 problem = await self.check()
             except Exception:  # a bug here must not stop readiness from being kept
-                log.exception("the upstream check failed")
-                problem = "the upstream check failed (the gateway's log has the cause)"
+                log.exception("the upstream check failed", extra={"upstream": self.name})
+                failed = "the upstream check failed (the gateway's log has the cause)"
+                problem = Unusable(failed, failed)
             self._record(problem)
             if problem is not None:
                 await asyncio.sleep(next(delays))
@@ -163,25 +223,77 @@ class Readiness(BackgroundLoop):
             # A burst of failing requests costs one check per retry_initial_s at most.
             await asyncio.sleep(self._config.retry_initial_s)
 
-    def _record(self, problem: str | None) -> None:
+    def _record(self, problem: Unusable | None) -> None:
         previous = self._state
         status: Status = "ready" if problem is None else "unready"
         since = previous.since if status == previous.status else time.time()
-        self._state = UpstreamState(status, problem, since, self._era)
-        self._metrics.upstream_ready.set(1 if problem is None else 0)
-        self._metrics.upstream_checks.labels(outcome="usable" if problem is None else "unusable").inc()
+        if problem is None:
+            self._state = UpstreamState(status, None, since, self._era)
+        else:
+            self._state = UpstreamState(status, problem.reason, since, self._era, problem.client_reason)
+        self._ready_gauge.set(1 if problem is None else 0)
+        self._checks[problem is None].inc()
         if status == previous.status:
             return
+        extra = {"upstream": self.name}
         if problem is None:
             era = f" ({self._era.describe()})" if self._era is not None else ""
-            log.info("upstream %s %s%s", self._name, "ready" if previous.status == "starting" else "usable again", era)
+            again = "ready" if previous.status == "starting" else "usable again"
+            log.info("upstream %s %s%s", self._described, again, era, extra=extra)
         else:
             log.warning(
                 "upstream %s not usable%s (%s); checking again in the background, /readyz answers 503 until it is",
-                self._name,
+                self._described,
                 "" if previous.status == "starting" else " any more",
-                problem,
+                problem.reason,
+                extra=extra,
             )
+        for listener in self._listeners:
+            try:
+                listener(self.name, self._state)
+            except Exception:  # a listener's bug must not stop readiness from being kept
+                log.exception("a readiness listener failed", extra=extra)
+
+
+class ReadinessSet:
+    """The readiness of every configured upstream: the gateway is ready while any (or all, `ready_when`)
+    of them are. Starts and stops their checks together."""
+
+    def __init__(self, readinesses: list[Readiness], ready_when: ReadyWhen) -> None:
+        names = [readiness.name for readiness in readinesses]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"a ReadinessSet needs upstreams with distinct names, got {names}")
+        self._readinesses = {readiness.name: readiness for readiness in readinesses}
+        self.ready_when = ready_when
+
+    def start(self) -> None:
+        for readiness in self._readinesses.values():
+            readiness.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(readiness.stop() for readiness in self._readinesses.values()))
+
+    def on_change(self, listener: ChangeListener) -> None:
+        """Tell `listener` each change of status of any upstream (`Readiness.on_change`)."""
+        for readiness in self._readinesses.values():
+            readiness.on_change(listener)
+
+    @property
+    def ready(self) -> bool:
+        states = (readiness.state.ready for readiness in self._readinesses.values())
+        return any(states) if self.ready_when == "any" else all(states)
+
+    def state_of(self, name: str) -> UpstreamState:
+        """The state of the upstream configured as `name` (KeyError for an unknown name)."""
+        return self._readinesses[name].state
+
+    def body(self) -> dict[str, Any]:
+        """The /readyz body (200 while `ready`, else 503): the overall status and each upstream's own body."""
+        return {
+            "status": "ready" if self.ready else "unready",
+            "ready_when": self.ready_when,
+            "upstreams": {name: readiness.state.body() for name, readiness in self._readinesses.items()},
+        }
 
 
 STORE_PROBE_S = 1.0

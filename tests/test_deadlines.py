@@ -208,7 +208,9 @@ async def test_modern_call_turned_task_fails_at_its_deadline(
         await echo_works(client)
         async with http.get(f"{gw.base}/metrics") as response:
             metrics = await response.text()
-    counted = re.search(r'^mcp_gateway_request_timeouts_total\{method="tools/call"\} (\S+)$', metrics, re.MULTILINE)
+    counted = re.search(
+        r'^mcp_gateway_request_timeouts_total\{method="tools/call",upstream="default"\} (\S+)$', metrics, re.MULTILINE
+    )
     assert counted and float(counted.group(1)) >= 1, metrics
     assert "Traceback" not in gw.output_text(), gw.output_text()
 

@@ -40,7 +40,7 @@ LARGE = 3_000_000
 
 
 def counted(metrics: str, outcome: str) -> float:
-    pattern = rf'^mcp_gateway_upstream_oversized_lines_total\{{outcome="{outcome}"\}} (\S+)$'
+    pattern = rf'^mcp_gateway_upstream_oversized_lines_total\{{outcome="{outcome}",upstream="default"\}} (\S+)$'
     match = re.search(pattern, metrics, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 

@@ -131,11 +131,16 @@ async def test_unstartable_command_is_live_but_not_ready_until_it_starts(
 
         # Several retries later, still one line: it names the command and the cause.
         deadline = time.monotonic() + WAIT_S
-        while await metric(http, gw, "mcp_gateway_upstream_checks_total", {"outcome": "unusable"}) < 4:
+        while (
+            await metric(http, gw, "mcp_gateway_upstream_checks_total", {"outcome": "unusable", "upstream": "default"})
+            < 4
+        ):
             assert time.monotonic() < deadline, gw.output_text()
             await asyncio.sleep(0.05)
         (line,) = log_lines(gw, "not usable")
         assert f"sh {script}" in line and "upstream.sh: no config file found" in line, line
+        assert '"upstream":"default"' in line, line  # the configured name, for a log that holds several
+        assert await metric(http, gw, "mcp_gateway_upstream_ready", {"upstream": "default"}) == 0
 
         # Requests meanwhile get a JSON-RPC error that says why, in both eras; never a 500. The upstream's
         # stderr (it may name paths) is for the log and /readyz, not for clients.

@@ -77,7 +77,7 @@ async def restarts_total(gw: RunningGateway) -> float:
     async with aiohttp.ClientSession() as http, http.get(f"{gw.base}/metrics") as resp:
         assert resp.status == 200
         text = await resp.text()
-    match = re.search(r"^mcp_gateway_upstream_restarts_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    match = re.search(r'^mcp_gateway_upstream_restarts_total\{upstream="default"\} (\S+)$', text, re.MULTILINE)
     assert match, f"no mcp_gateway_upstream_restarts_total in /metrics:\n{text}"
     return float(match.group(1))
 

@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 
 from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
-from gateway.metrics import Metrics
+from gateway.metrics import DEFAULT_UPSTREAM, Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.names import SESSION_HEADER
@@ -35,6 +35,8 @@ from gateway.upstream.base import (
 from gateway.upstream.credentials import ClientCredentials
 
 logger = logging.getLogger("gateway.upstream.http")
+UpstreamLog = logging.LoggerAdapter[logging.Logger]
+"""The link's logger, stamping each line with the upstream's configured name (`upstream`)."""
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -104,6 +106,8 @@ class HttpChannel(UpstreamChannel):
         on_failure: FailureListener | None = None,
         deadlines: DeadlineRule | None = None,
         own_headers: Mapping[str, str] | None = None,
+        *,
+        name: str,
     ) -> None:
         self.session = session
         """A 2025-11-25 upstream session (`Mcp-Session-Id`, GET stream, DELETE); else 2026-07-28 stateless."""
@@ -123,6 +127,7 @@ class HttpChannel(UpstreamChannel):
         self._calls: set[_Call] = set()
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
+        self._log = UpstreamLog(logger, {"upstream": name})
 
     @property
     def session_id(self) -> str | None:
@@ -197,7 +202,7 @@ class HttpChannel(UpstreamChannel):
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("upstream request %r failed in the link", call.exchange.request_id)
+            self._log.exception("upstream request %r failed in the link", call.exchange.request_id)
             call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream link error (the gateway's log has the cause)")
 
     async def _exchange(self, call: _Call, message: Message, headers: Mapping[str, str]) -> None:
@@ -209,7 +214,7 @@ class HttpChannel(UpstreamChannel):
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # aiohttp's text names the upstream's host and port: the log has it, the client gets the kind.
-            logger.debug("upstream request %r: %s unreachable: %s", exchange.request_id, self._url, _describe(exc))
+            self._log.debug("upstream request %r: %s unreachable: %s", exchange.request_id, self._url, _describe(exc))
             cause = f"upstream unreachable: {_unreachable_reason(exc)}"
             exchange.fail(jsonrpc.INTERNAL_ERROR, cause)
             if self._on_failure is not None:
@@ -230,7 +235,7 @@ class HttpChannel(UpstreamChannel):
             try:
                 response = await self._client.get(self._url, headers=resume_headers)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                logger.info("resuming upstream request %r failed: %s", exchange.request_id, _describe(exc))
+                self._log.info("resuming upstream request %r failed: %s", exchange.request_id, _describe(exc))
                 continue
             before = call.messages
             if await self._consume(call, response):
@@ -264,7 +269,7 @@ class HttpChannel(UpstreamChannel):
                 )
                 return True
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, SseError) as exc:
-            logger.info("upstream stream of request %r broke: %s", exchange.request_id, _describe(exc))
+            self._log.info("upstream stream of request %r broke: %s", exchange.request_id, _describe(exc))
             return exchange.finished
         finally:
             call.response = None
@@ -278,7 +283,7 @@ class HttpChannel(UpstreamChannel):
                     call.last_event_id = event.id
                 if event.retry is not None:
                     call.retry_ms = event.retry
-                message = _decode_event(event)
+                message = _decode_event(event, self._log)
                 if message is None:
                     continue
                 call.messages += 1
@@ -334,7 +339,7 @@ class HttpChannel(UpstreamChannel):
     async def _send(self, message: Message, headers: Mapping[str, str]) -> bool:
         """POST a notification or response; True when the upstream accepted it."""
         if self._closed:
-            logger.warning("not forwarding %s: upstream session closed", _label(message))
+            self._log.warning("not forwarding %s: upstream session closed", _label(message))
             return False
         request_headers = self._headers(headers, accept=ACCEPT_BOTH, with_session=True)
         request_headers["Content-Type"] = JSON
@@ -347,14 +352,14 @@ class HttpChannel(UpstreamChannel):
                     await response.read()
                     return True
                 body = await _read_limited(response, MAX_ERROR_BODY_BYTES, truncate=True) or b""
-                logger.warning(
+                self._log.warning(
                     "upstream refused %s: HTTP %d %s",
                     _label(message),
                     response.status,
                     " ".join(body.decode("utf-8", errors="replace").split())[:200],
                 )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            logger.warning("could not forward %s upstream: %s", _label(message), _describe(exc))
+            self._log.warning("could not forward %s upstream: %s", _label(message), _describe(exc))
         return False
 
     async def _delete_session(self) -> None:
@@ -363,9 +368,9 @@ class HttpChannel(UpstreamChannel):
         try:
             async with self._client.delete(self._url, headers=headers, timeout=timeout) as response:
                 await response.read()
-                logger.debug("upstream session %s ended: HTTP %d", self._session_id, response.status)
+                self._log.debug("upstream session %s ended: HTTP %d", self._session_id, response.status)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            logger.info("ending upstream session %s failed: %s", self._session_id, _describe(exc))
+            self._log.info("ending upstream session %s failed: %s", self._session_id, _describe(exc))
 
     # -- the standalone GET stream (legacy) ---------------------------------------------------------
 
@@ -380,7 +385,7 @@ class HttpChannel(UpstreamChannel):
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("upstream GET stream failed in the link")
+            self._log.exception("upstream GET stream failed in the link")
 
     async def _listen_loop(self) -> None:
         last_event_id: str | None = None
@@ -395,21 +400,21 @@ class HttpChannel(UpstreamChannel):
             try:
                 async with self._client.get(self._url, headers=headers) as response:
                     if response.status == 405:
-                        logger.debug("upstream offers no GET stream (HTTP 405)")
+                        self._log.debug("upstream offers no GET stream (HTTP 405)")
                         return
                     if 400 <= response.status < 500:
-                        logger.warning("upstream refused the GET stream: HTTP %d", response.status)
+                        self._log.warning("upstream refused the GET stream: HTTP %d", response.status)
                         return
                     if 200 <= response.status < 300 and response.content_type.lower() == SSE:
                         healthy = await self._read_unsolicited(parser, response)
                     else:
-                        logger.warning(
+                        self._log.warning(
                             "upstream GET stream answered HTTP %d %s", response.status, response.content_type
                         )
                         # An SDK server without an EventStore answers any Last-Event-ID with 500.
                         last_event_id = None
             except (aiohttp.ClientError, TimeoutError, SseError) as exc:
-                logger.info("upstream GET stream broke: %s", _describe(exc))
+                self._log.info("upstream GET stream broke: %s", _describe(exc))
             if parser.last_event_id is not None:
                 last_event_id = parser.last_event_id
             if self._closed:
@@ -419,7 +424,7 @@ class HttpChannel(UpstreamChannel):
             else:
                 failures += 1
                 if failures > LISTEN_MAX_FAILURES:
-                    logger.warning("giving up on the upstream GET stream after %d failures", failures)
+                    self._log.warning("giving up on the upstream GET stream after %d failures", failures)
                     return
             delay = min(LISTEN_BACKOFF_S * 2 ** max(failures - 1, 0), LISTEN_BACKOFF_MAX_S)
             await asyncio.sleep(delay)
@@ -429,7 +434,7 @@ class HttpChannel(UpstreamChannel):
         delivered = False
         async for chunk in response.content.iter_any():
             for event in parser.feed(chunk):
-                message = _decode_event(event)
+                message = _decode_event(event, self._log)
                 if message is None:
                     continue
                 delivered = True
@@ -446,7 +451,7 @@ class HttpChannel(UpstreamChannel):
         try:
             await handler(message, size)
         except Exception:
-            logger.exception("unsolicited message handler failed on %s", _label(message))
+            self._log.exception("unsolicited message handler failed on %s", _label(message))
 
     # -- helpers ------------------------------------------------------------------------------------
 
@@ -496,7 +501,11 @@ class HttpUpstream(Upstream):
         budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
         credentials: ClientCredentials | None = None,
+        *,
+        name: str = DEFAULT_UPSTREAM,
     ) -> None:
+        self.name = name
+        """The upstream's configured name: the `upstream` field of its log lines."""
         self.url = url
         self._config = config
         self._credentials = credentials
@@ -580,15 +589,16 @@ class HttpUpstream(Upstream):
             on_failure=None if probe else self.report_failure,
             deadlines=self._deadlines,
             own_headers=self._credentials.headers if self._credentials is not None else None,
+            name=self.name,
         )
 
 
-def _decode_event(event: SseEvent) -> Message | None:
+def _decode_event(event: SseEvent, log: UpstreamLog) -> Message | None:
     """The JSON-RPC message in an SSE event, or None for priming events and anything unusable."""
     if not event.raw:
         return None
     if event.event != "message":
-        logger.debug("ignoring upstream SSE event of type %r", event.event)
+        log.debug("ignoring upstream SSE event of type %r", event.event)
         return None
     # Parsed from the bytes as received, which it keeps for the relay; text that is not UTF-8 is
     # read as decoded (with replacement characters), as the gateway always did, and serialised again.
@@ -596,7 +606,7 @@ def _decode_event(event: SseEvent) -> Message | None:
     if message is None and not event.data.isascii():
         message = jsonrpc.received(event.data.encode())
     if message is None:
-        logger.warning("ignoring upstream SSE event that is not a JSON-RPC message: %.200s", event.data)
+        log.warning("ignoring upstream SSE event that is not a JSON-RPC message: %.200s", event.data)
     return message
 
 

@@ -48,7 +48,7 @@ from cachetools import LRUCache, TTLCache
 
 from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
-from gateway.metrics import Metrics
+from gateway.metrics import DEFAULT_UPSTREAM, Metrics
 from gateway.protocol import jsonrpc, oversized
 from gateway.protocol.dialect import TASK_EVENT, dialect_of
 from gateway.protocol.era import SUBSCRIPTION_ID_KEY, Era
@@ -233,8 +233,11 @@ class StdioProcess:
         budget: BufferBudget,
         on_failure: FailureListener | None,
         deadlines: DeadlineRule | None = None,
+        *,
+        name: str,
     ) -> None:
         self._command = command
+        self._name = name
         self._config = config
         self._metrics = metrics
         self._budget = budget
@@ -294,12 +297,17 @@ class StdioProcess:
         except OSError as exc:
             # The OS error's text names the file; clients get only its reason.
             self.exit_cause = f"cannot start the upstream command: {exc.strerror or type(exc).__name__}"
-            log.debug("upstream command cannot start", extra={"command": self._command, "cause": str(exc)})
+            log.debug(
+                "upstream command cannot start",
+                extra={"upstream": self._name, "command": self._command, "cause": str(exc)},
+            )
             if self._on_failure is not None:
                 self._on_failure(self.exit_cause)
             return
-        self._metrics.upstream_processes.inc()
-        log.debug("upstream process started", extra={"pid": self._proc.pid, "command": self._command})
+        self._metrics.upstream_processes.labels(upstream=self._name).inc()
+        log.debug(
+            "upstream process started", extra={"upstream": self._name, "pid": self._proc.pid, "command": self._command}
+        )
         self._tasks = [
             asyncio.create_task(self._read_stdout(), name=f"stdio-out-{self._proc.pid}"),
             asyncio.create_task(self._read_stderr(), name=f"stdio-err-{self._proc.pid}"),
@@ -417,14 +425,14 @@ class StdioProcess:
                     message = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     text = line[:200].decode(errors="replace")
-                    log.warning("upstream wrote a line that is not JSON", extra={"line": text})
+                    log.warning("upstream wrote a line that is not JSON", extra={"upstream": self._name, "line": text})
                     continue
                 if isinstance(message, dict):
                     self._answered = True
                     # Held with its bytes: a message routed on unchanged is relayed as the upstream wrote it.
                     await self._route(jsonrpc.holding(message, line.rstrip(b"\r\n")), len(line))
         except Exception:
-            log.exception("stdio reader failed")
+            log.exception("stdio reader failed", extra={"upstream": self._name})
         finally:
             await self._on_exit()
 
@@ -437,10 +445,17 @@ class StdioProcess:
         upstream_id = oversized.response_id(line.head, line.tail)
         route = self._forget(upstream_id) if upstream_id is not None else None
         outcome = "request_failed" if route is not None else "dropped"
-        self._metrics.upstream_oversized_lines.labels(outcome=outcome).inc()
+        self._metrics.upstream_oversized_lines.labels(outcome=outcome, upstream=self._name).inc()
         log.warning(
             "upstream wrote a line longer than line_limit_bytes; skipped it",
-            extra={"pid": self.pid, "bytes": size, "limit": limit, "outcome": outcome, "upstream_id": upstream_id},
+            extra={
+                "upstream": self._name,
+                "pid": self.pid,
+                "bytes": size,
+                "limit": limit,
+                "outcome": outcome,
+                "upstream_id": upstream_id,
+            },
         )
         if route is not None:
             route.exchange.fail(
@@ -509,7 +524,7 @@ class StdioProcess:
             while line := await stderr.readline():
                 text = line.decode(errors="replace").rstrip()
                 self._last_stderr = text[:MAX_CAUSE_CHARS] or self._last_stderr
-                log.log(self._stderr_level, "upstream: %s", text, extra={"pid": pid})
+                log.log(self._stderr_level, "upstream: %s", text, extra={"upstream": self._name, "pid": pid})
 
     async def _on_exit(self) -> None:
         assert self._proc is not None
@@ -523,7 +538,7 @@ class StdioProcess:
             self.exit_detail = self._last_stderr or None
         if not self.exited.is_set():
             self.exited.set()
-            self._metrics.upstream_processes.dec()
+            self._metrics.upstream_processes.labels(upstream=self._name).dec()
         routes = list(self._routes.values())
         if not self._stopping:
             # A process that was serving is a crash worth a warning; one that died before anything was
@@ -532,10 +547,16 @@ class StdioProcess:
             log.log(
                 logging.WARNING if serving else logging.DEBUG,
                 "upstream process exited",
-                extra={"pid": self._proc.pid, "code": code, "cause": self.exit_cause, "stderr": self._last_stderr},
+                extra={
+                    "upstream": self._name,
+                    "pid": self._proc.pid,
+                    "code": code,
+                    "cause": self.exit_cause,
+                    "stderr": self._last_stderr,
+                },
             )
             if self._on_failure is not None:
-                self._metrics.upstream_restarts.inc()
+                self._metrics.upstream_restarts.labels(upstream=self._name).inc()
                 self._on_failure(self.exit_cause)
         self._routes.clear()
         self._by_client_id.clear()
@@ -694,7 +715,11 @@ class StdioUpstream(Upstream):
         metrics: Metrics,
         budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
+        *,
+        name: str = DEFAULT_UPSTREAM,
     ):
+        self.name = name
+        """The upstream's configured name: the `upstream` label of its metrics and field of its log lines."""
         self._command = command
         self._config = config
         self._metrics = metrics
@@ -710,6 +735,9 @@ class StdioUpstream(Upstream):
         self._pinned: TTLCache[str, StdioChannel] = TTLCache(maxsize=4096, ttl=PINNED_STATE_TTL_S)
         self._background: set[asyncio.Task[None]] = set()
         """Recycled processes being stopped and replacements being started (`_settle`)."""
+        # Exported at 0 from the start: a labelled metric has no sample until its label is used.
+        metrics.upstream_processes.labels(upstream=name)
+        metrics.upstream_restarts.labels(upstream=name)
 
     def new_process(self, *, probe: bool) -> StdioProcess:
         return StdioProcess(
@@ -719,6 +747,7 @@ class StdioUpstream(Upstream):
             self._budget,
             None if probe else self.report_failure,
             self._deadlines,
+            name=self.name,
         )
 
     @property
