@@ -161,10 +161,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
                     "url": url,
                     "auth": config.auth.mode,
                     "store": describe_store(config.store),
-                    "upstream": ", ".join(
-                        f"{upstream.name}: {upstream_name(upstream)}" if config.aggregating else upstream_name(upstream)
-                        for upstream in config.named_upstreams()
-                    ),
+                    "upstreams": {upstream.name: upstream_name(upstream) for upstream in config.named_upstreams()},
                 },
             )
             if on_ready is not None:

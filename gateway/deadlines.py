@@ -13,6 +13,8 @@ Plain rules over the config and the message; the links arm the deadline (`Exchan
 
 from __future__ import annotations
 
+import functools
+
 from gateway.config import TasksConfig, UpstreamConfig
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
@@ -28,7 +30,7 @@ class RequestDeadlines:
 
     def __init__(self, upstream: UpstreamConfig, tasks: TasksConfig, metrics: Metrics | None = None) -> None:
         self._tasks = tasks
-        self._on_expiry = None if metrics is None else metrics.count_timeout
+        self._on_expiry = None if metrics is None else functools.partial(metrics.count_timeout, upstream=upstream.name)
         self._default = self._deadline(upstream.request_timeout_s, "upstream.request_timeout_s")
         self._task_result = self._deadline(tasks.max_ttl_ms / 1000, "tasks.max_ttl_ms")
 

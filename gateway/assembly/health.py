@@ -33,8 +33,8 @@ class Health:
     readiness: dict[str, Readiness]
 
     def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
-        """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
-        as /readyz does); the main endpoint is never refused here (the aggregate leaves an unusable
+        """What the endpoint of `route` answers while its upstream is not ready (a 503 naming it, as
+        /readyz answers); the main endpoint is never refused here (the aggregate leaves an unusable
         upstream's tools out instead, and the single upstream's endpoint forwards as it always has)."""
         readiness = self.readiness.get(route) if route is not None else None
         if readiness is None or route is None:
@@ -43,7 +43,7 @@ class Health:
 
         def refusal() -> ProtocolError | None:
             state = readiness.state
-            return unavailable_error(name, state) if state.status == "unready" else None
+            return None if state.ready else unavailable_error(name, state)
 
         return refusal
 
@@ -66,6 +66,7 @@ def build_health(
             route.config.upstream.readiness,
             config.server.initialize_timeout_s,
             metrics,
+            name=route.config.upstream.name,
         )
         for route in routes
         if not isinstance(route.upstream, AggregateUpstream)
@@ -86,7 +87,9 @@ def build_health(
             "status": "ok" if serving.is_set() else "stopping",
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
-            "upstream": single.state.status if single is not None else ("ready" if readiness_set.ready else "unready"),
+            "upstream": single.state.status
+            if single is not None
+            else {name: each.state.status for name, each in readiness.items()},
             "sessions": sum(len(each) for each in every_sessions),
             "tasks": len(registry),
         }
@@ -119,10 +122,10 @@ def build_health(
 def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> None:
     """The aggregate leaves out the tools of an upstream found unusable, and tells its clients each
     time one leaves or comes back (`list_changed`)."""
-    aggregate.usable = lambda name: readiness[name].state.status != "unready"
+    aggregate.usable = lambda name: readiness[name].state.ready
     changes: set[asyncio.Future[None]] = set()
 
-    def changed(name: str, _: UpstreamState) -> None:
+    def changed(name: str, _: UpstreamState) -> None:  # called in the readiness task: schedule, never wait
         future = asyncio.ensure_future(aggregate.upstream_changed(name))
         changes.add(future)
         future.add_done_callback(changes.discard)

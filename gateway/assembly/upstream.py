@@ -35,9 +35,9 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
         credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
-        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials)
+        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials, name=upstream.name)
     if upstream.command:
-        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines)
+        return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines, name=upstream.name)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
 
 
@@ -62,7 +62,8 @@ def start_upstream(
     upstream = given or bridged(build_upstream(config, metrics, budget), config, budget)
     link = upstream.link if isinstance(upstream, BridgingUpstream) else upstream
     if isinstance(link, StdioUpstream):
-        metrics.limits.labels(limit="upstream.stdio.max_processes").set(config.upstream.stdio.max_processes)
+        key = "upstream" if not config.aggregating else f"upstreams.{config.upstream.name}"
+        metrics.limits.labels(limit=f"{key}.stdio.max_processes").set(config.upstream.stdio.max_processes)
 
     async def running(_: web.Application) -> AsyncIterator[None]:
         await upstream.start()
