@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(commands: Subcommands) -> None:
-    serve = commands.add_parser("serve", help="run the gateway in front of one MCP server")
+    serve = commands.add_parser("serve", help="run the gateway in front of one MCP server, or several")
     serve.add_argument("--config", metavar="PATH", help="TOML config file (see config/gateway.example.toml)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8765)")
     serve.add_argument(
@@ -81,7 +81,16 @@ def _add_serve(commands: Subcommands) -> None:
     upstream.add_argument(
         "--upstream-url", metavar="URL", help="Streamable HTTP upstream, e.g. http://127.0.0.1:9000/mcp"
     )
-    upstream.add_argument("--upstream-cmd", metavar="'CMD ARGS...'", help="stdio upstream command line")
+    upstream.add_argument("--upstream-cmd", metavar="'CMD ARGS...'", type=_command, help="stdio upstream command line")
+    upstream.add_argument(
+        "--upstream",
+        metavar="NAME=CMD_OR_URL",
+        action="append",
+        type=_named_upstream,
+        help="one of several named upstreams (repeat; replaces the file's [[upstreams]]): an http(s):// URL or "
+        "a command line, each served on /servers/NAME/mcp and together on the MCP path, e.g. "
+        "--upstream 'build=python build_server.py' --upstream search=http://127.0.0.1:9000/mcp",
+    )
 
 
 def _add_check_config(commands: Subcommands) -> None:
@@ -216,6 +225,23 @@ def _seq(value: str) -> int:
     return int(value)
 
 
+def _command(value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError as exc:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+
+
+def _named_upstream(value: str) -> dict[str, object]:
+    """`NAME=CMD_OR_URL` as an `[[upstreams]]` entry; the name is checked with the rest of the config."""
+    name, equals, target = value.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAME=CMD_OR_URL")
+    if target.startswith(("http://", "https://")):
+        return {"name": name, "url": target}
+    return {"name": name, "command": _command(target)}
+
+
 def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
     """Flags override the file; re-validate so a bad flag is reported like a bad key."""
     data = in_data_dir(config, args.data_dir).model_dump()
@@ -223,10 +249,16 @@ def _apply_flags(config: Config, args: argparse.Namespace) -> Config:
         data["server"]["listen"] = args.listen
     if args.allow_unauthenticated:
         data["auth"]["allow_unauthenticated"] = True
+    # Upstream flags replace the file's upstreams, whichever form the file uses.
     if args.upstream_url:
+        data["upstreams"] = []
         data["upstream"].update(url=args.upstream_url, command=None)
     if args.upstream_cmd:
-        data["upstream"].update(command=shlex.split(args.upstream_cmd), url=None)
+        data["upstreams"] = []
+        data["upstream"].update(command=args.upstream_cmd, url=None)
+    if args.upstream:
+        data["upstreams"] = args.upstream
+        data["upstream"].update(url=None, command=None)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -296,8 +328,11 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.logs import setup_logging
 
     config = _apply_flags(load_config(args.config), args)
-    if not (config.upstream.url or config.upstream.command):
-        raise ConfigError("no upstream: set upstream.url or upstream.command, or pass --upstream-url/--upstream-cmd")
+    if not (config.upstream.url or config.upstream.command or config.upstreams):
+        raise ConfigError(
+            "no upstream: set upstream.url or upstream.command, or [[upstreams]] entries, or pass "
+            "--upstream-url/--upstream-cmd or --upstream NAME=CMD_OR_URL"
+        )
     setup_logging(config.logging.level, config.logging.format)
     _check_exposure(config)
 

@@ -34,6 +34,8 @@ from gateway.config.tasks import (
     ToolTaskPolicy,
 )
 from gateway.config.upstream import (
+    DEFAULT_UPSTREAM,
+    UPSTREAM_NAME,
     BridgeConfig,
     HttpUpstreamConfig,
     ReadinessConfig,
@@ -41,10 +43,13 @@ from gateway.config.upstream import (
     UpstreamAuthConfig,
     UpstreamConfig,
 )
+from gateway.config.upstreams import KeyProblems, route_config, upstream_path
 
 __all__ = [
+    "DEFAULT_UPSTREAM",
     "MODERN_FOR_TASK_SUPPORT",
     "UNMATCHED_TOOL",
+    "UPSTREAM_NAME",
     "ApiKey",
     "AuthConfig",
     "AuthLimits",
@@ -59,6 +64,7 @@ __all__ = [
     "HttpUpstreamConfig",
     "IntrospectionConfig",
     "JwtConfig",
+    "KeyProblems",
     "LoggingConfig",
     "MiB",
     "ModernTasks",
@@ -78,6 +84,8 @@ __all__ = [
     "describe_errors",
     "load_config",
     "parse_listen",
+    "route_config",
     "unknown_key",
+    "upstream_path",
     "url_host",
 ]

@@ -96,6 +96,9 @@ class AuthRule(Section):
     """Per-tool policy: the first rule whose `match` (a glob) fits the tool's name applies."""
 
     match: str = Field(min_length=1)
+    upstream: str | None = None
+    """With `[[upstreams]]`: the rule applies only to this upstream's tools, on its own path (`match` as
+    the upstream names the tool) and at `[server] path` (`match` behind its prefix). None: every path."""
     scopes: list[str] = Field(default_factory=list)
     """Every scope the caller needs to call the tool (or create a task with it)."""
     claims: dict[str, ClaimValue] = Field(default_factory=dict)

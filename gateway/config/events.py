@@ -33,6 +33,9 @@ class CaptureRule(Section):
     fields: list[str] | None = None
     payload: Literal["params", "message"] = "params"
     drop: bool = False
+    upstream: str | None = None
+    """With `[[upstreams]]`: the rule applies only to this upstream's notifications, and only on its own
+    path (`/servers/NAME/mcp`); the aggregate at `[server] path` applies the rules without `upstream`."""
 
     @model_validator(mode="after")
     def _type_unless_drop(self) -> CaptureRule:

@@ -1,5 +1,6 @@
-"""The config file as a whole: the top-level `Config` of every section, reading and validating a TOML file,
-and the one-line error that names the bad key (with the closest known key for a typo)."""
+"""The config file as a whole: the top-level `Config` of every section (and of every upstream), reading
+and validating a TOML file, and the one-line error that names the bad key (with the closest known key
+for a typo)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import get_args, get_origin
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from gateway.config.auth import AuthConfig
 from gateway.config.events import CaptureRule, EventsConfig, default_rules
@@ -19,11 +20,15 @@ from gateway.config.server import ServerConfig
 from gateway.config.store import StoreConfig
 from gateway.config.tasks import TasksConfig
 from gateway.config.upstream import UpstreamConfig
+from gateway.config.upstreams import KeyProblems, require_entry_names, route_config, upstream_problems
 
 
 class Config(Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    """`[[upstreams]]`: several named upstreams, each on `/servers/NAME/mcp` and together at `[server]
+    path`; empty: the single `[upstream]`."""
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
@@ -31,6 +36,34 @@ class Config(Section):
     rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entries_named(cls, data: object) -> object:
+        return require_entry_names(data)
+
+    @model_validator(mode="after")
+    def _upstreams_consistent(self) -> Config:
+        problems = upstream_problems(self)
+        if problems:
+            raise KeyProblems(problems)
+        return self
+
+    def named_upstreams(self) -> list[UpstreamConfig]:
+        """Every upstream, in the file's order: the `[[upstreams]]` entries, or the single `[upstream]`
+        (named `default`)."""
+        return list(self.upstreams) if self.upstreams else [self.upstream]
+
+    @property
+    def aggregating(self) -> bool:
+        """`[[upstreams]]` is given: each upstream is served on its own path and all together at `[server]
+        path`, their tools and prompts prefixed with their names."""
+        return bool(self.upstreams)
+
+    def for_route(self, name: str | None) -> Config:
+        """The config the stack of one endpoint is built from: upstream `name`'s, or (None) the one at
+        `[server] path` (see `route_config`). KeyError for a name no upstream has."""
+        return route_config(self, name)
 
 
 class ConfigError(Exception):
@@ -55,8 +88,12 @@ def load_config(path: str | Path | None) -> Config:
 
 
 def describe_errors(exc: ValidationError) -> str:
-    parts = []
+    parts: list[str] = []
     for error in exc.errors():
+        problem = error.get("ctx", {}).get("error")
+        if isinstance(problem, KeyProblems):  # a check across sections: it names its keys itself
+            parts.extend(f"{key}: {reason}" for key, reason in problem.problems)
+            continue
         key = ".".join(str(part) for part in error["loc"]) or "(top level)"
         reason = unknown_key(error["loc"]) if error["type"] == "extra_forbidden" else error["msg"]
         parts.append(f"{key}: {reason}")

@@ -1,12 +1,19 @@
-"""`[server]`: the client-facing listener, its HTTP limits and timeouts, TLS, and the legacy resume buffer
-(`[server.resume]`)."""
+"""`[server]`: the client-facing listener, its HTTP limits and timeouts, TLS, the legacy resume buffer
+(`[server.resume]`), and how the aggregate of many upstreams names their tools and reports readiness."""
 
 from __future__ import annotations
+
+import string
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.listen import parse_listen
 from gateway.config.section import MiB, Section
+from gateway.config.upstream import UPSTREAM_NAME_CHARS
+
+TOOL_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+"""The characters a tool name may hold (SEP-986): a separator must keep prefixed names valid."""
 
 
 class ResumeConfig(Section):
@@ -62,6 +69,10 @@ class ServerConfig(Section):
     metrics_listen: str = ""
     """HOST:PORT of a listener of its own serving only /metrics (plain HTTP; the main listener then
     answers 404 for it); empty: /metrics is served on `listen`."""
+    ready_when: Literal["any", "all"] = "any"
+    """With `[[upstreams]]`: /readyz answers 200 while any upstream is usable, or only while all are."""
+    name_separator: str = "__"
+    """With `[[upstreams]]`: what joins an upstream's name and a tool's (or prompt's) name at `path`."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:
@@ -89,6 +100,20 @@ class ServerConfig(Section):
     def _metrics_listen_empty_or_has_port(cls, value: str) -> str:
         if value:
             parse_listen(value)
+        return value
+
+    @field_validator("name_separator")
+    @classmethod
+    def _separator_splits_names(cls, value: str) -> str:
+        if not 1 <= len(value) <= 8 or not set(value) <= TOOL_NAME_CHARS:
+            raise ValueError(f"{value!r} must be 1 to 8 of the characters a tool name may hold: A-Z a-z 0-9 _ . -")
+        # A character no upstream name holds marks where the name ends; without one, upstream `a-b` with
+        # tool `c` and upstream `a` with tool `b-c` are both `a-b-c` (with separator "-").
+        if set(value) <= UPSTREAM_NAME_CHARS:
+            raise ValueError(
+                f"{value!r} holds only characters an upstream name may hold (a-z 0-9 -), so two upstreams' "
+                "prefixed names could collide: include one of A-Z _ ."
+            )
         return value
 
     @field_validator("path")

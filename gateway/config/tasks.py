@@ -27,6 +27,9 @@ class ToolTaskPolicy(Section):
     is that in both eras. Either key left out follows the other (`required` implies `required`)."""
 
     match: str = "*"
+    upstream: str | None = None
+    """With `[[upstreams]]`: the policy applies only to this upstream's tools, on its own path and at
+    `[server] path` (`match` behind its prefix there). None: every upstream's."""
     task_support: TaskSupport = "optional"
     modern: ModernTasks = "after_ms"
     after_ms: int = Field(default=1000, ge=0)

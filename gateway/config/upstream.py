@@ -1,14 +1,23 @@
-"""`[upstream]`: the one MCP server behind the gateway, over stdio (`[upstream.stdio]`) or HTTP
-(`[upstream.http]`, `[upstream.auth]`), and how its readiness is checked (`[upstream.readiness]`)."""
+"""`[upstream]` and each `[[upstreams]]` entry: one MCP server behind the gateway, its name, over stdio
+(`[upstream.stdio]`) or HTTP (`[upstream.http]`, `[upstream.auth]`), and how its readiness is checked
+(`[upstream.readiness]`). Which upstreams a file configures, and their cross-checks, are `upstreams.py`'s."""
 
 from __future__ import annotations
 
+import re
 import shlex
+import string
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.section import MiB, Section
+
+UPSTREAM_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+"""An upstream's name: it goes into paths (`/servers/NAME/mcp`), metric labels and prefixed tool names."""
+UPSTREAM_NAME_CHARS = frozenset(string.ascii_lowercase + string.digits + "-")
+DEFAULT_UPSTREAM = "default"
+"""The name of the single `[upstream]`."""
 
 
 class StdioConfig(Section):
@@ -76,6 +85,8 @@ class BridgeConfig(Section):
 
 
 class UpstreamConfig(Section):
+    name: str = DEFAULT_UPSTREAM
+    """Required in an `[[upstreams]]` entry; the single `[upstream]` is always `default`."""
     url: str | None = None
     command: list[str] | None = None
     era: Literal["auto", "legacy", "modern"] = "auto"
@@ -95,6 +106,16 @@ class UpstreamConfig(Section):
     @classmethod
     def _split_command(cls, value: object) -> object:
         return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("name")
+    @classmethod
+    def _name_pattern(cls, value: str) -> str:
+        if not UPSTREAM_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not an upstream name: it must match {UPSTREAM_NAME.pattern} (lowercase letters, "
+                "digits and '-', at most 32, not starting with '-')"
+            )
+        return value
 
     @field_validator("url")
     @classmethod
