@@ -1,0 +1,660 @@
+"""One conversation with the aggregate: routes each request to the upstream that owns what it names.
+
+`AggregateChannel` answers what the aggregate is itself (`initialize`, `server/discover`, `ping`,
+`logging/setLevel`, list pages across upstreams) and relays the rest to one upstream's channel:
+its name unprefixed going down, every message of its exchange rewritten coming up (task ids and
+requestStates prefixed, server-to-client request ids made unique on this conversation, list entries
+prefixed, cursors re-encoded). Each relayed request gets an `Exchange` of its own at once; the work
+(opening a child conversation, which may hang) runs in a task it owns, so one hanging upstream never
+holds up a request routed to another.
+
+`SessionChannel` (a 2025-11-25 client session) opens at most one session per upstream, lazily, and
+replays the client's handshake (and log level) to it; `RequestChannel` (one 2026-07-28 request) enters
+the upstreams' `stateless()` channels it needs and leaves them when the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import gateway
+from gateway.protocol import jsonrpc
+from gateway.protocol.envelope import NAME_PARAM
+from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, SERVER_INFO_KEY
+from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
+from gateway.tasks.task_ids import map_task_ids
+from gateway.upstream.aggregate.naming import CursorError, merge_capabilities, merge_instructions
+from gateway.upstream.aggregate.resources import entries_of
+from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UnsolicitedHandler, UpstreamChannel
+
+if TYPE_CHECKING:
+    from gateway.upstream.aggregate.link import AggregateUpstream
+
+log = logging.getLogger("gateway.upstream.aggregate")
+
+SERVER_INFO = {"name": "mcp-task-gateway", "version": gateway.__version__}
+OWN_ID_PREFIX = "mcp-task-gateway-aggregate-"
+"""Ids of the requests the aggregate sends its upstreams itself (handshakes, fan-outs)."""
+RESOURCE_NOT_FOUND = -32002
+
+LIST_KEYS = {
+    "tools/list": "tools",
+    "prompts/list": "prompts",
+    "resources/list": "resources",
+    "resources/templates/list": "resourceTemplates",
+}
+LIST_CHANGED = {
+    "tools": "notifications/tools/list_changed",
+    "prompts": "notifications/prompts/list_changed",
+    "resources": "notifications/resources/list_changed",
+}
+_TASK_REQUESTS = frozenset({"tasks/get", "tasks/result", "tasks/cancel", "tasks/update", "tasks/stream"})
+_BY_URI = frozenset({"resources/read", "resources/subscribe", "resources/unsubscribe"})
+
+
+def invalid_params(text: str) -> ProtocolError:
+    return ProtocolError(jsonrpc.INVALID_PARAMS, f"Invalid params: {text}")
+
+
+def unavailable(upstream: str) -> ProtocolError:
+    return invalid_params(f"upstream {upstream!r} is unavailable")
+
+
+class _Relay:
+    """One relayed request: the exchange its caller reads, and the upstream's once it is sent."""
+
+    __slots__ = ("child", "out", "task", "upstream")
+
+    def __init__(self, out: Exchange) -> None:
+        self.out = out
+        self.upstream: str | None = None
+        self.child: Exchange | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def cancel(self, reason: str) -> None:
+        if self.child is not None:
+            await self.child.cancel(reason)
+        elif self.task is not None:
+            self.task.cancel()
+
+
+class AggregateChannel(UpstreamChannel):
+    """What both eras' aggregate conversations share (see the module docstring)."""
+
+    def __init__(self, link: AggregateUpstream) -> None:
+        self._link = link
+        self._names = link.names
+        self._handler: UnsolicitedHandler | None = None
+        self._server_requests: dict[str, tuple[str, RequestId]] = {}
+        """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id)."""
+        self._relays: dict[RequestId, _Relay] = {}
+        """Requests in flight by the caller's id (a notifications/cancelled names one)."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._own_ids = itertools.count(1)
+        self.routed: tuple[str, UpstreamChannel] | None = None
+        """The upstream (and its channel) the last relayed request went to: `pin` forwards there."""
+
+    # -- what an era's conversation provides ------------------------------------------------------
+
+    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
+        raise NotImplementedError
+
+    def _opened(self) -> dict[str, UpstreamChannel]:
+        raise NotImplementedError
+
+    async def _child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
+        """`upstream`'s channel in this conversation, opened on first use (once, however many ask)."""
+        opened = self._opened()
+        channel = opened.get(upstream)
+        if channel is None:
+            async with self._locks.setdefault(upstream, asyncio.Lock()):
+                channel = opened.get(upstream)
+                if channel is None:
+                    channel = await self._open_child(upstream, headers)
+                    opened[upstream] = channel
+        self.routed = (upstream, channel)
+        return channel
+
+    def _own_id(self, what: str) -> str:
+        return f"{OWN_ID_PREFIX}{what}-{next(self._own_ids)}"
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
+        method = message["method"]
+        out = Exchange(message["id"], method, self._link.budget, self)
+        relay = _Relay(out)
+        out.on_cancel(relay.cancel)
+        self._relays[message["id"]] = relay
+        relay.task = asyncio.create_task(self._serve(relay, message, headers), name=f"aggregate-{method}")
+        self._link.own(relay.task)
+        return out
+
+    async def _serve(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        out = relay.out
+        try:
+            await self._route(relay, message, headers)
+        except ProtocolError as error:
+            out.fail(error.code, error.message, error.data)
+        except asyncio.CancelledError:
+            out.fail(jsonrpc.REQUEST_CANCELLED, "Request cancelled")
+        except Exception:
+            log.exception("the aggregate failed to relay %s", message["method"])
+            out.fail(jsonrpc.INTERNAL_ERROR, "aggregate link error (the gateway's log has the cause)")
+        finally:
+            if self._relays.get(message["id"]) is relay:
+                del self._relays[message["id"]]
+
+    async def _route(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        method = message["method"]
+        params = jsonrpc.params_of(message)
+        if method in LIST_KEYS:
+            await self._list(relay, message, headers)
+        elif method in ("tools/call", "prompts/get"):
+            kind = "tool" if method == "tools/call" else "prompt"
+            upstream, name = self._owner_of_name(params.get("name"), kind)
+            await self._relay(relay, upstream, {**message, "params": {**params, "name": name}}, headers)
+        elif method in _TASK_REQUESTS:
+            task_id = params.get("taskId")
+            owned = self._names.split(task_id) if isinstance(task_id, str) else None
+            if owned is None:
+                raise invalid_params(f"unknown task {task_id!r}")
+            await self._relay(relay, owned[0], message, headers)
+        elif method in _BY_URI:
+            await self._by_uri(relay, message, headers)
+        elif method == "completion/complete":
+            await self._complete(relay, message, headers)
+        elif method == "initialize":
+            await relay.out.deliver(await self._initialize(message, headers))
+        elif method == "server/discover":
+            await relay.out.deliver(await self._discover(message, headers))
+        elif method == "ping":
+            await relay.out.deliver(_result(message, {}))
+        elif method == "logging/setLevel":
+            await self._set_level(message, headers)
+            await relay.out.deliver(_result(message, {}))
+        else:
+            raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
+
+    def _owner_of_name(self, prefixed: object, kind: str) -> tuple[str, str]:
+        owned = self._names.split(prefixed) if isinstance(prefixed, str) else None
+        if owned is None:
+            raise invalid_params(f"unknown {kind} {prefixed!r}")
+        if not self._link.usable(owned[0]):
+            raise unavailable(owned[0])
+        return owned
+
+    async def _relay(
+        self,
+        relay: _Relay,
+        upstream: str,
+        message: Message,
+        headers: Mapping[str, str],
+        rewrite: Callable[[Message], Message] | None = None,
+    ) -> None:
+        """Send `message` to `upstream` and deliver its exchange, rewritten, to the caller's."""
+        child = await self._child(upstream, headers)
+        down = self._down(upstream, message)
+        exchange = await child.request(down, _headers_for(down, headers))
+        relay.upstream, relay.child = upstream, exchange
+        await self._pump(upstream, exchange, relay.out, rewrite)
+
+    async def _pump(
+        self, upstream: str, exchange: Exchange, out: Exchange, rewrite: Callable[[Message], Message] | None
+    ) -> None:
+        method = exchange.method
+        while (batch := await exchange.next_batch()) is not None:
+            for message in batch:
+                size = len(message.raw) if type(message) is jsonrpc.Received and message.raw else 0
+                message = self._up(upstream, method, message)
+                if jsonrpc.is_final(message):
+                    if rewrite is not None:
+                        message = rewrite(message)
+                    out.failure, out.failure_detail = exchange.failure, exchange.failure_detail
+                await out.deliver(message, size)
+        if not out.finished:
+            out.end()
+
+    async def _ask(self, upstream: str, method: str, message: Message, headers: Mapping[str, str]) -> Message:
+        """The final answer of `upstream` to a request the aggregate makes itself, within timeout_s;
+        ProtocolError when it cannot be had."""
+        try:
+            async with asyncio.timeout(self._link.timeout_s):
+                child = await self._child(upstream, headers)
+                down = self._down(upstream, {**message, "id": self._own_id(method.replace("/", "-"))})
+                exchange = await child.request(down, _headers_for(down, headers))
+                try:
+                    messages = await exchange.collect()
+                except asyncio.CancelledError:
+                    await exchange.cancel()
+                    raise
+        except TimeoutError:
+            raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer {method}") from None
+        return self._up(upstream, method, messages[-1]) if messages else _error(message, "no answer")
+
+    async def _fan_out(
+        self, method: str, message: Message, headers: Mapping[str, str], upstreams: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        """The results of `upstreams` (concurrently, each within timeout_s); those that fail are left out."""
+
+        async def one(upstream: str) -> dict[str, Any] | None:
+            try:
+                final = await self._ask(upstream, method, message, headers)
+            except ProtocolError as error:
+                log.info("upstream %s left out of %s: %s", upstream, method, error.message)
+                return None
+            result = final.get("result")
+            return result if isinstance(result, dict) else None
+
+        results = await asyncio.gather(*(one(upstream) for upstream in upstreams))
+        return {upstream: result for upstream, result in zip(upstreams, results, strict=True) if result is not None}
+
+    # -- what the aggregate answers itself --------------------------------------------------------
+
+    async def _initialize(self, message: Message, headers: Mapping[str, str]) -> Message:
+        raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, "Method not found: initialize")
+
+    async def _discover(self, message: Message, headers: Mapping[str, str]) -> Message:
+        results = await self._fan_out("server/discover", message, headers, self._link.usable_upstreams())
+        versions: list[str] | None = None
+        for result in results.values():
+            supported = result.get("supportedVersions")
+            if isinstance(supported, list):
+                versions = [v for v in (supported if versions is None else versions) if v in supported]
+        merged: dict[str, Any] = {
+            "resultType": "complete",
+            "supportedVersions": versions or [],
+            "capabilities": self._merged_capabilities(results),
+        }
+        instructions = merge_instructions([(name, result.get("instructions")) for name, result in results.items()])
+        if instructions is not None:
+            merged["instructions"] = instructions
+        ttls = [result["ttlMs"] for result in results.values() if isinstance(result.get("ttlMs"), int)]
+        if ttls:
+            merged["ttlMs"] = min(ttls)
+            merged["cacheScope"] = "private"
+        merged["_meta"] = {SERVER_INFO_KEY: SERVER_INFO}
+        return _result(message, merged)
+
+    def _merged_capabilities(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        declared = [result.get("capabilities") for result in results.values()]
+        return merge_capabilities([capabilities for capabilities in declared if isinstance(capabilities, dict)])
+
+    async def _set_level(self, message: Message, headers: Mapping[str, str]) -> None:
+        """Only where the level means something: the upstream sessions of a 2025-11-25 client."""
+
+    # -- lists across upstreams -------------------------------------------------------------------
+
+    async def _list(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        method = message["method"]
+        params = jsonrpc.params_of(message)
+        cursor = params.get("cursor")
+        upstream: str | None
+        upstream_cursor: str | None = None
+        if isinstance(cursor, str):
+            try:
+                upstream, upstream_cursor = self._names.decode_cursor(cursor)
+            except CursorError as error:
+                raise invalid_params(str(error)) from None
+            if not self._link.usable(upstream):
+                upstream, upstream_cursor = self._link.next_usable(upstream), None
+        else:
+            upstream = self._link.next_usable(None)
+        if upstream is None:
+            await relay.out.deliver(_result(message, {LIST_KEYS[method]: []}))
+            return
+        down_params = {key: value for key, value in params.items() if key != "cursor"}
+        if upstream_cursor is not None:
+            down_params["cursor"] = upstream_cursor
+        page = functools.partial(self._page, upstream, method)
+        await self._relay(relay, upstream, {**message, "params": down_params}, headers, page)
+
+    def _page(self, upstream: str, method: str, final: Message) -> Message:
+        """One upstream's page as the aggregate's: names prefixed, owners learnt, the cursor re-encoded."""
+        result = final.get("result")
+        if not isinstance(result, dict):
+            return final
+        key = LIST_KEYS[method]
+        entries = entries_of(result, key)
+        if key in ("tools", "prompts"):
+            entries = self._prefixed(upstream, key, entries)
+        else:
+            self._link.resources.learn(upstream, "uri" if key == "resources" else "uriTemplate", entries)
+        page = {**result, key: entries}
+        upstream_next = result.get("nextCursor")
+        page.pop("nextCursor", None)
+        if isinstance(upstream_next, str) and upstream_next:
+            page["nextCursor"] = self._names.encode_cursor(upstream, upstream_next)
+        elif (following := self._link.next_usable(upstream)) is not None:
+            page["nextCursor"] = self._names.encode_cursor(following, None)
+        return {**final, "result": page}
+
+    def _prefixed(self, upstream: str, key: str, entries: list[Any]) -> list[Any]:
+        listed = []
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(name, str):
+                continue
+            prefixed = self._names.prefixed(upstream, name)
+            if key == "tools" and not self._names.valid_tool_name(prefixed):
+                self._link.warn_once(upstream, name)
+                continue
+            listed.append({**entry, "name": prefixed})
+        return listed
+
+    # -- resources and completions ----------------------------------------------------------------
+
+    async def _by_uri(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        uri = jsonrpc.params_of(message).get("uri")
+        owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
+        if owner is not None:
+            await self._relay(relay, owner, message, headers)
+            return
+        if message["method"] != "resources/read":
+            raise ProtocolError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        # A URI no list named (a template's, not learnt yet): the first upstream that can read it.
+        answer = _error(message, f"Resource not found: {uri}", RESOURCE_NOT_FOUND)
+        for upstream in self._link.usable_upstreams():
+            try:
+                answer = await self._ask(upstream, "resources/read", message, headers)
+            except ProtocolError:
+                continue
+            if "result" in answer:
+                break
+        await relay.out.deliver({**answer, "id": message["id"]})
+
+    async def _complete(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        params = jsonrpc.params_of(message)
+        ref = params.get("ref")
+        kind = ref.get("type") if isinstance(ref, dict) else None
+        if isinstance(ref, dict) and kind == "ref/prompt":
+            upstream, name = self._owner_of_name(ref.get("name"), "prompt")
+            down = {**message, "params": {**params, "ref": {**ref, "name": name}}}
+            await self._relay(relay, upstream, down, headers)
+            return
+        uri = ref.get("uri") if isinstance(ref, dict) and kind == "ref/resource" else None
+        owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
+        if owner is None:
+            raise invalid_params("params.ref names no prompt or resource of any upstream")
+        await self._relay(relay, owner, message, headers)
+
+    # -- rewriting ----------------------------------------------------------------------------------
+
+    def _down(self, upstream: str, message: Message) -> Message:
+        """A client's message as `upstream` must get it: its own task id and requestState."""
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return message
+        changed: dict[str, Any] | None = None
+        for key in ("taskId", "requestState"):
+            value = params.get(key)
+            owned = self._names.split(value) if isinstance(value, str) else None
+            if owned is not None and owned[0] == upstream:
+                changed = {**(changed or params), key: owned[1]}
+        filters = params.get("notifications")
+        if isinstance(filters, dict) and isinstance(filters.get("taskIds"), list):
+            ids = [self._unprefixed(upstream, task_id) for task_id in filters["taskIds"]]
+            changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
+        return message if changed is None else {**message, "params": changed}
+
+    def _unprefixed(self, upstream: str, value: object) -> object:
+        owned = self._names.split(value) if isinstance(value, str) else None
+        return owned[1] if owned is not None and owned[0] == upstream else value
+
+    def _up(self, upstream: str, method: str | None, message: Message) -> Message:
+        """A message of `upstream` as the aggregate's: task ids and requestStates prefixed, a
+        server-to-client request's id made unique here (`respond` maps it back)."""
+        message = map_task_ids(message, method, functools.partial(self._names.prefixed, upstream))
+        kind = message.get("method")
+        if kind is not None:
+            if "id" in message:
+                own = self._names.prefixed(upstream, str(message["id"]))
+                self._server_requests[own] = (upstream, message["id"])
+                return {**message, "id": own}
+            if kind == "notifications/cancelled":
+                params = jsonrpc.params_of(message)
+                own = self._names.prefixed(upstream, str(params.get("requestId")))
+                if own in self._server_requests:
+                    return {**message, "params": {**params, "requestId": own}}
+            return message
+        result = message.get("result")
+        if isinstance(result, dict) and isinstance(result.get("requestState"), str):
+            state = self._names.prefixed(upstream, result["requestState"])
+            return {**message, "result": {**result, "requestState": state}}
+        return message
+
+    # -- the rest of a channel ----------------------------------------------------------------------
+
+    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
+        if message.get("method") == "notifications/cancelled":
+            relay = self._relays.get(jsonrpc.params_of(message).get("requestId"))  # type: ignore[arg-type]
+            if relay is None:
+                return
+            if relay.child is None or relay.upstream is None:
+                await relay.cancel(CLIENT_CANCEL_REASON)
+                return
+            await self._opened()[relay.upstream].notify(message, headers)
+            return
+        for channel in list(self._opened().values()):
+            await channel.notify(message, headers)
+
+    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
+        routed = self._server_requests.pop(message.get("id"), None)  # type: ignore[arg-type]
+        channel = self._opened().get(routed[0]) if routed is not None else None
+        if routed is None or channel is None:
+            log.info("dropping a response to no server request the aggregate relayed: %r", message.get("id"))
+            return
+        await channel.respond({**message, "id": routed[1]}, headers)
+
+    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
+        self._handler = handler
+
+    async def _cancel_relays(self) -> None:
+        for relay in list(self._relays.values()):
+            await relay.out.cancel()
+
+
+def _result(message: Message, result: dict[str, Any]) -> Message:
+    return {"jsonrpc": "2.0", "id": message["id"], "result": result}
+
+
+def _error(message: Message, text: str, code: int = jsonrpc.INTERNAL_ERROR) -> Message:
+    return jsonrpc.error_response(message["id"], code, text)
+
+
+def _headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, str]:
+    """The client's headers with `Mcp-Name` naming what the upstream's message names (2026-07-28)."""
+    name = jsonrpc.params_of(message).get(NAME_PARAM.get(message["method"], ""))
+    if not isinstance(name, str) or not any(key.lower() == "mcp-name" for key in headers):
+        return headers
+    return {key: name if key.lower() == "mcp-name" else value for key, value in headers.items()}
+
+
+class SessionChannel(AggregateChannel):
+    """A 2025-11-25 client session: one upstream session per upstream it uses, opened lazily."""
+
+    def __init__(self, link: AggregateUpstream) -> None:
+        super().__init__(link)
+        self._children: dict[str, UpstreamChannel] = {}
+        self._handshake: Message | None = None
+        self._handshake_headers: Mapping[str, str] = {}
+        self._initialized: Message | None = None
+        self._log_level: Message | None = None
+        self._child_results: dict[str, dict[str, Any]] = {}
+        """Each opened upstream session's initialize result."""
+        self.capabilities: dict[str, Any] = {}
+        """What the merged initialize result declared (list_changed announcements follow it)."""
+        self._closed = False
+
+    def _opened(self) -> dict[str, UpstreamChannel]:
+        return self._children
+
+    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
+        if self._closed:
+            raise ProtocolError(jsonrpc.INTERNAL_ERROR, "upstream session closed")
+        if self._handshake is None:
+            raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: the session is not initialized")
+        channel = await self._link.upstreams[upstream].open_session()
+        channel.set_unsolicited_handler(functools.partial(self._unsolicited, upstream))
+        channel.on_loss(functools.partial(self._child_lost, upstream, channel))
+        try:
+            async with asyncio.timeout(self._link.timeout_s):
+                initialize = {**self._handshake, "id": self._own_id("initialize")}
+                final = (await (await channel.request(initialize, self._handshake_headers)).collect())[-1]
+                if "result" not in final:
+                    error = final.get("error")
+                    text = error.get("message") if isinstance(error, dict) else None
+                    raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} is unavailable: {text}")
+                self._child_results[upstream] = final["result"]
+                if self._initialized is not None:
+                    await channel.notify(self._initialized, self._handshake_headers)
+                if self._log_level is not None:
+                    level = {**self._log_level, "id": self._own_id("setLevel")}
+                    await (await channel.request(level, self._handshake_headers)).collect()
+        except TimeoutError:
+            await channel.close()
+            raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer initialize") from None
+        except BaseException:
+            await channel.close()
+            raise
+        return channel
+
+    async def _initialize(self, message: Message, headers: Mapping[str, str]) -> Message:
+        self._handshake, self._handshake_headers = message, dict(headers)
+        upstreams = self._link.usable_upstreams()
+
+        async def one(upstream: str) -> None:
+            try:
+                await self._child(upstream, headers)
+            except ProtocolError as error:
+                log.info("upstream %s left out of initialize: %s", upstream, error.message)
+
+        await asyncio.gather(*(one(upstream) for upstream in upstreams))
+        results = {name: self._child_results[name] for name in upstreams if name in self._children}
+        self.capabilities = self._merged_capabilities(results)
+        version = jsonrpc.params_of(message).get("protocolVersion")
+        merged: dict[str, Any] = {
+            "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
+            "capabilities": self.capabilities,
+            "serverInfo": SERVER_INFO,
+        }
+        instructions = merge_instructions([(name, result.get("instructions")) for name, result in results.items()])
+        if instructions is not None:
+            merged["instructions"] = instructions
+        return _result(message, merged)
+
+    async def _discover(self, message: Message, headers: Mapping[str, str]) -> Message:
+        raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, "Method not found: server/discover")
+
+    async def _set_level(self, message: Message, headers: Mapping[str, str]) -> None:
+        self._log_level = message
+        await self._fan_out("logging/setLevel", message, headers, list(self._children))
+
+    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
+        if message.get("method") == "notifications/initialized":
+            self._initialized = message
+        await super().notify(message, headers)
+
+    async def _unsolicited(self, upstream: str, message: Message, size: int) -> None:
+        message = await self.tapped(None, self._up(upstream, None, message))
+        if self._handler is not None:
+            await self._handler(message, size)
+
+    async def announce_lists(self) -> None:
+        """One `list_changed` for each list the merged capabilities say may change."""
+        for key, method in LIST_CHANGED.items():
+            declared = self.capabilities.get(key)
+            if key == "tools" or (isinstance(declared, dict) and declared.get("listChanged")):
+                notification = await self.tapped(None, {"jsonrpc": "2.0", "method": method})
+                if self._handler is not None:
+                    await self._handler(notification, 0)
+
+    async def _child_lost(self, upstream: str, channel: UpstreamChannel, cause: str) -> None:
+        """One upstream ended its session: only that one is dropped (opened again on next use)."""
+        if self._children.get(upstream) is channel:
+            del self._children[upstream]
+            log.info("upstream %s ended its session of an aggregate session: %s", upstream, cause)
+            self._link.own(asyncio.create_task(channel.close()))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._link.forget(self)
+        await self._cancel_relays()
+        children, self._children = list(self._children.values()), {}
+        await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
+
+
+class RequestChannel(AggregateChannel):
+    """One 2026-07-28 request: the upstreams' stateless channels it needs, left when it ends."""
+
+    def __init__(
+        self,
+        link: AggregateUpstream,
+        affinity: tuple[str, str] | None,
+        beside: bool,
+        owner: str | None,
+    ) -> None:
+        super().__init__(link)
+        self._affinity = affinity
+        self._beside = beside
+        self._owner = owner
+        self._children: dict[str, UpstreamChannel] = {}
+        self._stack = contextlib.AsyncExitStack()
+
+    @functools.cached_property
+    def tag(self) -> str:
+        # One tag for every 2026-07-28 request, as the one shared channel of an HTTP upstream has: the
+        # task ids clients see (`tag.upstream__id`) must read the same on the next request's channel.
+        return self._link.modern_tag
+
+    def _opened(self) -> dict[str, UpstreamChannel]:
+        return self._children
+
+    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
+        affinity = self._affinity[1] if self._affinity is not None and self._affinity[0] == upstream else None
+        stateless = self._link.upstreams[upstream].stateless(affinity, beside=self._beside, owner=self._owner)
+        return await self._stack.enter_async_context(stateless)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+
+class ProbeChannel(UpstreamChannel):
+    """The readiness probe's conversation: the aggregate answers it (its upstreams are probed apart)."""
+
+    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
+        exchange = Exchange(message["id"], message["method"])
+        params = jsonrpc.params_of(message)
+        if message["method"] == "initialize":
+            version = params.get("protocolVersion")
+            result = {
+                "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
+                "capabilities": {},
+                "serverInfo": SERVER_INFO,
+            }
+            await exchange.deliver(_result(message, result))
+        elif message["method"] == "ping":
+            await exchange.deliver(_result(message, {}))
+        else:
+            exchange.fail(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {message['method']}")
+        return exchange
+
+    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
+        return None
+
+    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
+        return None
+
+    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
