@@ -23,7 +23,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import ProtocolError
 from gateway.readiness import Readiness, ReadinessSet, StoreHealth, UpstreamState, unavailable_error, upstream_name
 from gateway.sessions import SessionRegistry
-from gateway.upstream.aggregate import AggregateUpstream
+from gateway.upstream.aggregate.link import AggregateUpstream
 
 
 @dataclass(frozen=True, slots=True)

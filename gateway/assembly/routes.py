@@ -16,7 +16,7 @@ from gateway.assembly.upstream import start_upstream
 from gateway.buffers import BufferBudget
 from gateway.config import Config
 from gateway.metrics import Metrics
-from gateway.upstream.aggregate import AggregateUpstream
+from gateway.upstream.aggregate.link import AggregateUpstream
 from gateway.upstream.base import Upstream
 
 SERVERS_PATH = "/servers/{name}/mcp"

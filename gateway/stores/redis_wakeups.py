@@ -135,4 +135,4 @@ class WakeUps:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
         with contextlib.suppress(*UNAVAILABLE):
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in newer redis-py
