@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, free_port, start_gateway
 from tests.test_cli_tasks import cli, json_lines
@@ -199,8 +200,10 @@ async def test_hosted_and_passthrough_tasks_are_streamed_and_listed_from_the_agg
         if progress:
             assert [e["payload"]["progress"] for e in events if e["type"].endswith(".progress")] == [1, 2]
     async with asyncio.timeout(WAIT), aiohttp.ClientSession() as http:
-        client = WireClient(http, three.aggregate, MODERN)
+        client = WireClient(http, three.aggregate)  # tasks/list is a 2025-11-25 method
+        await client.initialize()
         listed = [task["taskId"] for task in (await client.result("tasks/list"))["tasks"]]
+        await client.delete()
     assert {hosted, passthrough} <= set(listed), listed
 
 
@@ -220,13 +223,16 @@ async def test_each_path_serves_its_upstream_unrenamed_and_its_tasks_alone(three
     assert json.loads(direct.content[0].text)["target"] == json.loads(routed.content[0].text)["target"]  # type: ignore[union-attr]
 
     code, _, err = await cli(
-        "call", three.path["build"], "slow_build", "--args", '{"steps": 1, "delay": 0.01}', "--task"
+        "call", three.path["build"], "slow_build", "--args", '{"steps": 1, "delay": 0.01}', "--task", "--follow"
     )
     assert code == 0, err
     task_id = err.split("task ", 1)[1].split()[0]
     async with asyncio.timeout(WAIT), aiohttp.ClientSession() as http:
         for url, known in ((three.path["build"], True), (three.aggregate, False), (three.path["time"], False)):
-            final = (await WireClient(http, url, MODERN).request("tasks/get", {"taskId": task_id})).final
+            client = WireClient(http, url)
+            await client.initialize()
+            final = (await client.request("tasks/get", {"taskId": task_id})).final
+            await client.delete()
             assert ("result" in final) is known, (url, final)
             if not known:
                 assert final["error"]["code"] == -32602, final
@@ -285,7 +291,8 @@ async def test_a_rule_scoped_to_one_upstream_hides_its_tools_from_one_key_only(t
         for key_name, key in KEYS.items():
             headers = {"Authorization": f"Bearer {key}"}
             for where, url_ in (("aggregate", gateway.url), ("path", time_path)):
-                async with Client(streamable_http_client(url_, headers=headers), mode="legacy") as client:
+                transport = streamable_http_client(url_, http_client=create_mcp_http_client(headers=headers))
+                async with Client(transport, mode="legacy") as client:
                     seen[(key_name, where)] = {tool["name"] for tool in await all_tools(client)}
     assert {"time__get_current_time", "time__convert_time"} <= seen[("ops", "aggregate")]
     assert not any(name.startswith("time__") for name in seen[("dev", "aggregate")]), seen[("dev", "aggregate")]
