@@ -286,6 +286,7 @@ async def test_a_rule_scoped_to_one_upstream_hides_its_tools_from_one_key_only(t
         start_gateway(config_text=auth_config(url)) as gateway,
         asyncio.timeout(WAIT),
     ):
+        await until_ready(gateway, {"build", "everything", "time"})
         time_path = f"{gateway.base}/servers/time/mcp"
         seen: dict[tuple[str, str], set[str]] = {}
         for key_name, key in KEYS.items():
