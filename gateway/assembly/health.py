@@ -33,8 +33,9 @@ class Health:
     readiness: dict[str, Readiness]
 
     def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
-        """What the endpoint of `route` answers while its upstream is not ready (a 503 naming it, as
-        /readyz answers); the main endpoint is never refused here (the aggregate leaves an unusable
+        """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
+        as /readyz answers; before the first check ends it forwards, as the single endpoint does, and
+        the link answers for an upstream that is down); the main endpoint is never refused here (the aggregate leaves an unusable
         upstream's tools out instead, and the single upstream's endpoint forwards as it always has)."""
         readiness = self.readiness.get(route) if route is not None else None
         if readiness is None or route is None:
@@ -43,7 +44,7 @@ class Health:
 
         def refusal() -> ProtocolError | None:
             state = readiness.state
-            return None if state.ready else unavailable_error(name, state)
+            return unavailable_error(name, state) if state.status == "unready" else None
 
         return refusal
 
@@ -122,7 +123,7 @@ def build_health(
 def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> None:
     """The aggregate leaves out the tools of an upstream found unusable, and tells its clients each
     time one leaves or comes back (`list_changed`)."""
-    aggregate.usable = lambda name: readiness[name].state.ready
+    aggregate.usable = lambda name: readiness[name].state.status != "unready"
     changes: set[asyncio.Future[None]] = set()
 
     def changed(name: str, _: UpstreamState) -> None:  # called in the readiness task: schedule, never wait
