@@ -335,3 +335,30 @@ async def _modern_requests(aggregate: AggregateUpstream) -> None:
             break
         await asyncio.sleep(0.1)
     assert got["result"]["status"] == "completed"
+
+
+SILENT = [PYTHON, "-c", "import sys\nfor line in sys.stdin:\n    pass\n"]
+"""An upstream that reads everything and never answers: a hung server."""
+
+
+async def test_a_hanging_upstream_is_left_out_and_slows_no_call_routed_elsewhere() -> None:
+    upstreams = {
+        "hung": StdioUpstream(SILENT, StdioConfig(idle_processes=0, acquire_timeout_s=0.5), Metrics()),
+        "build": StdioUpstream(BUILD, StdioConfig(idle_processes=0), Metrics()),
+    }
+    aggregate = AggregateUpstream(upstreams, "__", timeout_s=10.0)  # long enough for a cold build server
+    client = Client(await aggregate.open_session())
+    try:
+        result = await client.initialize()  # within timeout_s: the hung upstream is left out
+        assert result["instructions"].startswith("## build") and "## hung" not in result["instructions"]
+        hung_call = await client.send("tools/call", {"name": "hung__anything", "arguments": {}})
+        echoed = await client.result("tools/call", {"name": "build__echo", "arguments": {"text": "still here"}})
+        assert "still here" in echoed["content"][0]["text"]
+        assert not hung_call.finished  # the build call was answered while the hung one still waits
+        async with asyncio.timeout(WAIT_S):
+            final = (await hung_call.collect())[-1]
+        assert final["error"]["message"] == "upstream 'hung' did not answer initialize"
+    finally:
+        await client.channel.close()
+        await aggregate.close()
+        await asyncio.gather(*(upstream.close() for upstream in upstreams.values()))
