@@ -136,7 +136,7 @@ async def _all_tools(client: Client) -> tuple[list[str], int]:
         params = {"cursor": result["nextCursor"]}
 
 
-async def test_initialize_merges_every_upstreams_answer(client: Client) -> None:
+async def test_initialize_merges_every_upstreams_answer(aggregate: AggregateUpstream, client: Client) -> None:
     result = await client.initialize()
     assert result["protocolVersion"] == "2025-11-25"
     assert result["serverInfo"]["name"] == "mcp-task-gateway"
@@ -146,6 +146,22 @@ async def test_initialize_merges_every_upstreams_answer(client: Client) -> None:
     assert "completions" in capabilities and "resources" in capabilities
     assert result["instructions"].startswith("## build\n\nA build and test runner.")
     assert (await client.result("ping")) == {}
+    assert sorted(client.channel.upstream_sessions) == sorted(aggregate.upstreams)  # type: ignore[attr-defined]
+
+
+async def test_a_later_session_opens_an_upstream_session_only_when_it_uses_that_upstream(
+    aggregate: AggregateUpstream, client: Client
+) -> None:
+    first = await client.initialize()
+    later = Client(await aggregate.open_session())
+    try:
+        assert await later.initialize() == first  # what the first session learnt, without asking again
+        assert later.channel.upstream_sessions == []  # type: ignore[attr-defined]
+        echoed = await later.result("tools/call", {"name": "tasks__echo", "arguments": {"text": "lazy"}})
+        assert "lazy" in echoed["content"][0]["text"]
+        assert later.channel.upstream_sessions == ["tasks"]  # type: ignore[attr-defined]
+    finally:
+        await later.channel.close()
 
 
 async def test_tools_list_pages_across_upstreams_with_every_name_prefixed(client: Client) -> None:

@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from cachetools import LRUCache
+
 import gateway
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import NAME_PARAM
@@ -42,6 +44,9 @@ SERVER_INFO = {"name": "mcp-task-gateway", "version": gateway.__version__}
 OWN_ID_PREFIX = "mcp-task-gateway-aggregate-"
 """Ids of the requests the aggregate sends its upstreams itself (handshakes, fan-outs)."""
 RESOURCE_NOT_FOUND = -32002
+SERVER_REQUESTS_KEPT = 1024
+"""Server-to-client requests a conversation remembers for the client's answer (the oldest unanswered
+one is forgotten past this: its late answer is dropped)."""
 
 LIST_KEYS = {
     "tools/list": "tools",
@@ -91,7 +96,7 @@ class AggregateChannel(UpstreamChannel):
         self._link = link
         self._names = link.names
         self._handler: UnsolicitedHandler | None = None
-        self._server_requests: dict[str, tuple[str, RequestId]] = {}
+        self._server_requests: LRUCache[str, tuple[str, RequestId]] = LRUCache(SERVER_REQUESTS_KEPT)
         """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id)."""
         self._relays: dict[RequestId, _Relay] = {}
         """Requests in flight by the caller's id (a notifications/cancelled names one)."""
@@ -525,20 +530,31 @@ class SessionChannel(AggregateChannel):
             raise
         return channel
 
+    @property
+    def upstream_sessions(self) -> list[str]:
+        """The upstreams this session has opened a session of its own with."""
+        return list(self._children)
+
     async def _initialize(self, message: Message, headers: Mapping[str, str]) -> Message:
+        """The upstreams' answers merged. Only an upstream whose answer to this protocol version the
+        aggregate has not learnt yet is asked now (so gets its session now); the others are asked on
+        their first use in this session, by the same handshake."""
         self._handshake, self._handshake_headers = message, dict(headers)
+        version = jsonrpc.params_of(message).get("protocolVersion")
         upstreams = self._link.usable_upstreams()
+        learnt = self._link.handshakes
 
         async def one(upstream: str) -> None:
             try:
                 await self._child(upstream, headers)
             except ProtocolError as error:
                 log.info("upstream %s left out of initialize: %s", upstream, error.message)
+                return
+            learnt[(upstream, str(version))] = self._child_results[upstream]
 
-        await asyncio.gather(*(one(upstream) for upstream in upstreams))
-        results = {name: self._child_results[name] for name in upstreams if name in self._children}
+        await asyncio.gather(*(one(name) for name in upstreams if (name, str(version)) not in learnt))
+        results = {name: learnt[(name, str(version))] for name in upstreams if (name, str(version)) in learnt}
         self.capabilities = self._merged_capabilities(results)
-        version = jsonrpc.params_of(message).get("protocolVersion")
         merged: dict[str, Any] = {
             "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
             "capabilities": self.capabilities,

@@ -16,6 +16,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from cachetools import TTLCache
 
@@ -52,6 +53,9 @@ class AggregateUpstream(Upstream):
         self.resources = ResourceOwners(self.names)
         self.modern_tag = secrets.token_hex(4)
         """The tag of every 2026-07-28 request channel (see `RequestChannel.tag`)."""
+        self.handshakes: dict[tuple[str, str], dict[str, Any]] = {}
+        """(upstream, protocol version) -> its initialize result, learnt from the first session that
+        asked; forgotten when the upstream's usability changes (a restarted server may declare more)."""
         self._pins: TTLCache[str, str] = TTLCache(maxsize=4096, ttl=PINNED_TTL_S)
         self._sessions: set[SessionChannel] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -135,6 +139,8 @@ class AggregateUpstream(Upstream):
         aggregate declares is asked again."""
         log.info("upstream %s changed usability; announcing list changes", name)
         self.__dict__.pop("_discovery", None)
+        for key in [key for key in self.handshakes if key[0] == name]:
+            del self.handshakes[key]
         for channel in list(self._sessions):
             await channel.announce_lists()
 
