@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +351,42 @@ async def _modern_requests(aggregate: AggregateUpstream) -> None:
             break
         await asyncio.sleep(0.1)
     assert got["result"]["status"] == "completed"
+    # A listen: one per upstream, one acknowledgement (the union), the task's pushes prefixed, and the
+    # aggregate's own list_changed when an upstream comes or goes.
+    slow = {"name": "mtasks__slow_job", "arguments": {"steps": 4, "delay": 0.3}}
+    message, headers = MODERN.gateway_request("m-slow", "tools/call", slow, MODERN_CLIENT)
+    async with aggregate.stateless() as channel:
+        task_id = (await (await channel.request(message, headers)).collect())[-1]["result"]["taskId"]
+        aggregate.pin(f"{channel.tag}.{task_id}", channel)
+    filters = {"toolsListChanged": True, "taskIds": [task_id]}
+    message, headers = MODERN.gateway_request(
+        "m-listen", "subscriptions/listen", {"notifications": filters}, MODERN_CLIENT
+    )
+    async with aggregate.stateless(f"{aggregate.modern_tag}.{task_id}") as channel:
+        stream = await channel.request(message, headers)
+        seen: list[Message] = []
+
+        async def until(found: Callable[[Message], bool]) -> Message:
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    for message in seen:
+                        if found(message):
+                            return message
+                    batch = await stream.next_batch()
+                    assert batch is not None, seen
+                    seen.extend(batch)
+
+        ack = await until(lambda m: m.get("method") == "notifications/subscriptions/acknowledged")
+        assert ack["params"]["notifications"] == {"toolsListChanged": True, "taskIds": [task_id]}
+        assert seen[0] is ack  # the first message of the stream, and the only acknowledgement
+        pushed = await until(lambda m: m.get("method") == "notifications/tasks")
+        assert pushed["params"]["taskId"] == task_id
+        await aggregate.upstream_changed("build")
+        changed = await until(lambda m: m.get("method") == "notifications/tools/list_changed")
+        assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "m-listen"
+        assert [m.get("method") for m in seen].count("notifications/subscriptions/acknowledged") == 1
+        await stream.cancel()
+    assert not aggregate.listens
 
 
 SILENT = [PYTHON, "-c", "import sys\nfor line in sys.stdin:\n    pass\n"]

@@ -31,6 +31,7 @@ from gateway.protocol.envelope import NAME_PARAM
 from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, SERVER_INFO_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.tasks.task_ids import map_task_ids
+from gateway.upstream.aggregate import listen
 from gateway.upstream.aggregate.naming import CursorError, merge_capabilities, merge_instructions
 from gateway.upstream.aggregate.resources import entries_of
 from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UnsolicitedHandler, UpstreamChannel
@@ -72,21 +73,22 @@ def unavailable(upstream: str) -> ProtocolError:
 
 
 class _Relay:
-    """One relayed request: the exchange its caller reads, and the upstream's once it is sent."""
+    """One relayed request: the exchange its caller reads, and the upstreams' once it is sent."""
 
-    __slots__ = ("child", "out", "task", "upstream")
+    __slots__ = ("children", "out", "task", "upstream")
 
     def __init__(self, out: Exchange) -> None:
         self.out = out
         self.upstream: str | None = None
-        self.child: Exchange | None = None
+        """The one upstream a routed request went to."""
+        self.children: list[Exchange] = []
         self.task: asyncio.Task[None] | None = None
 
     async def cancel(self, reason: str) -> None:
-        if self.child is not None:
-            await self.child.cancel(reason)
-        elif self.task is not None:
+        if not self.children and self.task is not None:
             self.task.cancel()
+        for child in self.children:
+            await child.cancel(reason)
 
 
 class AggregateChannel(UpstreamChannel):
@@ -175,6 +177,8 @@ class AggregateChannel(UpstreamChannel):
             await self._by_uri(relay, message, headers)
         elif method == "completion/complete":
             await self._complete(relay, message, headers)
+        elif method == "subscriptions/listen":
+            await self._listen(relay, message, headers)
         elif method == "initialize":
             await relay.out.deliver(await self._initialize(message, headers))
         elif method == "server/discover":
@@ -207,7 +211,7 @@ class AggregateChannel(UpstreamChannel):
         child = await self._child(upstream, headers)
         down = self._down(upstream, message)
         exchange = await child.request(down, _headers_for(down, headers))
-        relay.upstream, relay.child = upstream, exchange
+        relay.upstream, relay.children = upstream, [exchange]
         await self._pump(upstream, exchange, relay.out, rewrite)
 
     async def _pump(
@@ -389,6 +393,61 @@ class AggregateChannel(UpstreamChannel):
             raise invalid_params("params.ref names no prompt or resource of any upstream")
         await self._relay(relay, owner, message, headers)
 
+    # -- subscriptions/listen (2026-07-28) ------------------------------------------------------------
+
+    async def _listen(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        """One listen per usable upstream, merged (see `listen`)."""
+        filters = listen.filters_of(message)
+        params = jsonrpc.params_of(message)
+        out = relay.out
+        refusals: list[Message] = []
+
+        async def open_one(upstream: str) -> tuple[str, Exchange, dict[str, Any]] | None:
+            mine = listen.upstream_filters(filters, upstream, self._names, self._link.resources.owner)
+            down = {**message, "params": {**params, "notifications": mine}}
+            exchange: Exchange | None = None
+            try:
+                async with asyncio.timeout(self._link.timeout_s):
+                    channel = await self._child(upstream, headers)
+                    exchange = await channel.request(down, _headers_for(down, headers))
+                    relay.children.append(exchange)
+                    while (batch := await exchange.next_batch()) is not None:
+                        for index, received in enumerate(batch):
+                            upward = self._up(upstream, message["method"], received)
+                            acknowledged = listen.acknowledged_filters(upward)
+                            if acknowledged is not None:
+                                exchange.give_back(batch[index + 1 :])
+                                return upstream, exchange, acknowledged
+                            if jsonrpc.is_final(upward):
+                                refusals.append(upward)
+                                return None
+            except (TimeoutError, ProtocolError) as error:
+                log.info("upstream %s left out of a listen: %s", upstream, error)
+                if exchange is not None:
+                    await exchange.cancel()
+            return None
+
+        opened = [one for one in await asyncio.gather(*map(open_one, self._link.usable_upstreams())) if one]
+        if not opened and refusals:
+            await out.deliver({**refusals[0], "id": message["id"]})
+            return
+        await out.deliver(listen.acknowledgement(message["id"], [acknowledged for _, _, acknowledged in opened]))
+        self._link.listens[out] = (message["id"], filters)
+        try:
+            await asyncio.gather(*(self._pump_listen(upstream, exchange, out) for upstream, exchange, _ in opened))
+        finally:
+            self._link.listens.pop(out, None)
+        if not out.finished:
+            await out.deliver(listen.ended(message["id"]))
+
+    async def _pump_listen(self, upstream: str, exchange: Exchange, out: Exchange) -> None:
+        """One upstream's listen notifications into the client's stream, until that listen ends."""
+        while (batch := await exchange.next_batch()) is not None:
+            for message in batch:
+                if jsonrpc.is_final(message):
+                    return
+                await out.deliver(self._up(upstream, "subscriptions/listen", message))
+
     # -- rewriting ----------------------------------------------------------------------------------
 
     def _down(self, upstream: str, message: Message) -> Message:
@@ -441,7 +500,7 @@ class AggregateChannel(UpstreamChannel):
             relay = self._relays.get(jsonrpc.params_of(message).get("requestId"))  # type: ignore[arg-type]
             if relay is None:
                 return
-            if relay.child is None or relay.upstream is None:
+            if not relay.children or relay.upstream is None:
                 await relay.cancel(CLIENT_CANCEL_REASON)
                 return
             await self._opened()[relay.upstream].notify(message, headers)
@@ -461,8 +520,15 @@ class AggregateChannel(UpstreamChannel):
         self._handler = handler
 
     async def _cancel_relays(self) -> None:
-        for relay in list(self._relays.values()):
+        """The conversation ends: what is still relayed is cancelled upstream, and waited for (briefly:
+        a cancelled upstream exchange ends at once)."""
+        relays = list(self._relays.values())
+        for relay in relays:
             await relay.out.cancel()
+            await relay.cancel(CLIENT_CANCEL_REASON)
+        tasks = [relay.task for relay in relays if relay.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._link.timeout_s)
 
 
 def _result(message: Message, result: dict[str, Any]) -> Message:
@@ -640,6 +706,7 @@ class RequestChannel(AggregateChannel):
         return await self._stack.enter_async_context(stateless)
 
     async def close(self) -> None:
+        await self._cancel_relays()
         await self._stack.aclose()
 
 

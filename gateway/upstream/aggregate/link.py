@@ -21,10 +21,12 @@ from typing import Any
 from cachetools import TTLCache
 
 from gateway.buffers import BufferBudget
+from gateway.protocol.jsonrpc import RequestId
 from gateway.upstream.aggregate.channel import ProbeChannel, RequestChannel, SessionChannel
+from gateway.upstream.aggregate.listen import LIST_FILTERS, list_changed
 from gateway.upstream.aggregate.naming import Names
 from gateway.upstream.aggregate.resources import ResourceOwners
-from gateway.upstream.base import Upstream, UpstreamChannel
+from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.upstream.aggregate")
 
@@ -58,6 +60,8 @@ class AggregateUpstream(Upstream):
         asked; forgotten when the upstream's usability changes (a restarted server may declare more)."""
         self._pins: TTLCache[str, str] = TTLCache(maxsize=4096, ttl=PINNED_TTL_S)
         self._sessions: set[SessionChannel] = set()
+        self.listens: dict[Exchange, tuple[RequestId, dict[str, Any]]] = {}
+        """Open 2026-07-28 listens (their client's exchange) -> (the listen's id, its filter)."""
         self._background: set[asyncio.Task[None]] = set()
         self._warned: set[tuple[str, str]] = set()
 
@@ -143,6 +147,10 @@ class AggregateUpstream(Upstream):
             del self.handshakes[key]
         for channel in list(self._sessions):
             await channel.announce_lists()
+        for out, (listen_id, filters) in list(self.listens.items()):
+            for flag, method in LIST_FILTERS.items():
+                if filters.get(flag):
+                    await out.deliver(list_changed(listen_id, method))
 
     async def start(self) -> None:
         return None
