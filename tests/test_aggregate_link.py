@@ -20,7 +20,7 @@ import pytest
 from gateway.config import StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol.dialect import MODERN
-from gateway.protocol.era import TASKS_EXTENSION
+from gateway.protocol.era import SERVER_INFO_KEY, TASKS_EXTENSION
 from gateway.protocol.jsonrpc import Message
 from gateway.upstream.aggregate.link import AggregateUpstream
 from gateway.upstream.base import Exchange, UpstreamChannel
@@ -323,6 +323,7 @@ async def _modern_requests(aggregate: AggregateUpstream) -> None:
     messages = await ask("tools/call", params)
     assert [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"] == [1, 2]
     assert "unit: 2 passed" in messages[-1]["result"]["content"][0]["text"]
+    assert messages[-1]["result"]["_meta"][SERVER_INFO_KEY]["name"] == "mcp-task-gateway"
     listed = (await ask("tools/list", {}))[-1]["result"]
     assert "build__echo" in [tool["name"] for tool in listed["tools"]]
     # A multi-round-trip call: its requestState is the build server's, prefixed, and its retry

@@ -473,7 +473,8 @@ class AggregateChannel(UpstreamChannel):
 
     def _up(self, upstream: str, method: str | None, message: Message) -> Message:
         """A message of `upstream` as the aggregate's: task ids and requestStates prefixed, a
-        server-to-client request's id made unique here (`respond` maps it back)."""
+        server-to-client request's id made unique here (`respond` maps it back), the server a
+        2026-07-28 result names the aggregate."""
         message = map_task_ids(message, method, functools.partial(self._names.prefixed, upstream))
         kind = message.get("method")
         if kind is not None:
@@ -488,10 +489,15 @@ class AggregateChannel(UpstreamChannel):
                     return {**message, "params": {**params, "requestId": own}}
             return message
         result = message.get("result")
-        if isinstance(result, dict) and isinstance(result.get("requestState"), str):
-            state = self._names.prefixed(upstream, result["requestState"])
-            return {**message, "result": {**result, "requestState": state}}
-        return message
+        if not isinstance(result, dict):
+            return message
+        rewritten = result
+        if isinstance(result.get("requestState"), str):
+            rewritten = {**result, "requestState": self._names.prefixed(upstream, result["requestState"])}
+        meta = result.get("_meta")
+        if isinstance(meta, dict) and SERVER_INFO_KEY in meta:  # 2026-07-28: every result names its server
+            rewritten = {**rewritten, "_meta": {**meta, SERVER_INFO_KEY: SERVER_INFO}}
+        return message if rewritten is result else {**message, "result": rewritten}
 
     # -- the rest of a channel ----------------------------------------------------------------------
 
