@@ -223,10 +223,16 @@ async def test_resources_are_read_from_the_upstream_that_listed_them(client: Cli
     assert error["code"] in (-32002, -32602)
 
 
-async def test_prompts_and_completions_route_by_the_prefixed_prompt(client: Client) -> None:
+async def test_prompts_and_completions_route_by_the_prefixed_prompt(
+    aggregate: AggregateUpstream, client: Client
+) -> None:
     await client.initialize()
     prompts = await client.result("prompts/list")
     assert "build__review_code" in [prompt["name"] for prompt in prompts["prompts"]]
+    pages = [prompts]
+    while "nextCursor" in pages[-1]:  # an upstream without prompts (mcp-server-time) gives an empty page
+        pages.append(await client.result("prompts/list", {"cursor": pages[-1]["nextCursor"]}))
+    assert len(pages) == len(aggregate.upstreams)
     prompt = await client.result("prompts/get", {"name": "build__review_code", "arguments": {"code": "x = 1"}})
     assert "x = 1" in str(prompt["messages"])
     completion = await client.result(

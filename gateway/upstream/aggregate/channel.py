@@ -326,10 +326,14 @@ class AggregateChannel(UpstreamChannel):
 
     def _page(self, upstream: str, method: str, final: Message) -> Message:
         """One upstream's page as the aggregate's: names prefixed, owners learnt, the cursor re-encoded."""
+        key = LIST_KEYS[method]
+        error = final.get("error")
+        if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
+            # An upstream without this list (a server with tools only): an empty page, and on to the next.
+            final = {"jsonrpc": "2.0", "id": final.get("id"), "result": {key: []}}
         result = final.get("result")
         if not isinstance(result, dict):
             return final
-        key = LIST_KEYS[method]
         entries = entries_of(result, key)
         if key in ("tools", "prompts"):
             entries = self._prefixed(upstream, key, entries)
