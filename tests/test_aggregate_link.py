@@ -160,6 +160,11 @@ async def test_a_later_session_opens_an_upstream_session_only_when_it_uses_that_
         echoed = await later.result("tools/call", {"name": "tasks__echo", "arguments": {"text": "lazy"}})
         assert "lazy" in echoed["content"][0]["text"]
         assert later.channel.upstream_sessions == ["tasks"]  # type: ignore[attr-defined]
+        # Idle, it gives its upstream process back, and takes one again (the handshake replayed) to go on.
+        assert await later.channel.park()
+        await later.channel.resume()
+        echoed = await later.result("tools/call", {"name": "tasks__echo", "arguments": {"text": "resumed"}})
+        assert "resumed" in echoed["content"][0]["text"]
     finally:
         await later.channel.close()
 

@@ -667,6 +667,17 @@ class SessionChannel(AggregateChannel):
                 if self._handler is not None:
                     await self._handler(notification, 0)
 
+    async def park(self) -> bool:
+        """An idle session gives back what its upstream sessions hold (their stdio processes)."""
+        if self._relays:
+            return False
+        parked = [await child.park() for child in list(self._children.values())]
+        return any(parked)
+
+    async def resume(self) -> None:
+        for child in list(self._children.values()):
+            await child.resume()
+
     async def _child_lost(self, upstream: str, channel: UpstreamChannel, cause: str) -> None:
         """One upstream ended its session: only that one is dropped (opened again on next use)."""
         if self._children.get(upstream) is channel:
