@@ -22,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import SERVER_INFO_KEY, TASKS_EXTENSION
 from gateway.protocol.jsonrpc import Message
+from gateway.tasks.task_ids import map_task_ids
 from gateway.upstream.aggregate.link import AggregateUpstream
 from gateway.upstream.base import Exchange, UpstreamChannel
 from gateway.upstream.stdio import StdioUpstream
@@ -319,6 +320,11 @@ async def test_modern_requests_route_through_the_upstreams_stateless_channels() 
         await _modern_requests(aggregate)
 
 
+async def _per_path_tap(channel: UpstreamChannel, method: str | None, message: Message) -> Message:
+    """What the task service of the upstream's own endpoint sets on the channels it uses."""
+    return map_task_ids(message, method, lambda task_id: f"{channel.tag}.{task_id}")
+
+
 async def _modern_requests(aggregate: AggregateUpstream) -> None:
     async def ask(method: str, params: dict[str, Any], affinity: str | None = None) -> list[Message]:
         message, headers = MODERN.gateway_request(f"m-{method}", method, params, MODERN_CLIENT)
@@ -350,10 +356,15 @@ async def _modern_requests(aggregate: AggregateUpstream) -> None:
     assert done["content"][0]["text"] == "deployed to staging"
     # A task the 2026-07-28 tasks server creates: its id prefixed, pinned as the gateway pins it
     # (its own id for the task, `tag.upstream-id`), and its tasks/get routed back with the prefix stripped.
+    # The upstream's own endpoint shares its pooled channel, and its task service taps it (naming tasks
+    # `<channel tag>.<id>` for its own clients): the aggregate's ids must not carry that name.
+    async with aggregate.upstreams["mtasks"].stateless() as shared:
+        shared.tap = _per_path_tap
     message, headers = MODERN.gateway_request("m-create", "tools/call", {"name": "mtasks__slow_job", "arguments": {}})
     async with aggregate.stateless() as channel:
         created = (await (await channel.request(message, headers)).collect())[-1]["result"]
         assert created["resultType"] == "task" and created["taskId"].startswith("mtasks__"), created
+        assert "." not in created["taskId"] and shared.tap is _per_path_tap  # the same pooled channel
         gateway_task_id = f"{channel.tag}.{created['taskId']}"
         aggregate.pin(gateway_task_id, channel)
     for _ in range(100):

@@ -212,16 +212,21 @@ class AggregateChannel(UpstreamChannel):
         down = self._down(upstream, message)
         exchange = await child.request(down, _headers_for(down, headers))
         relay.upstream, relay.children = upstream, [exchange]
-        await self._pump(upstream, exchange, relay.out, rewrite)
+        await self._pump(upstream, child, exchange, relay.out, rewrite)
 
     async def _pump(
-        self, upstream: str, exchange: Exchange, out: Exchange, rewrite: Callable[[Message], Message] | None
+        self,
+        upstream: str,
+        child: UpstreamChannel,
+        exchange: Exchange,
+        out: Exchange,
+        rewrite: Callable[[Message], Message] | None,
     ) -> None:
         method = exchange.method
         while (batch := await exchange.next_batch()) is not None:
             for message in batch:
                 size = len(message.raw) if type(message) is jsonrpc.Received and message.raw else 0
-                message = self._up(upstream, method, message)
+                message = self._up(upstream, method, message, child)
                 if jsonrpc.is_final(message):
                     if rewrite is not None:
                         message = rewrite(message)
@@ -245,7 +250,7 @@ class AggregateChannel(UpstreamChannel):
                     raise
         except TimeoutError:
             raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer {method}") from None
-        return self._up(upstream, method, messages[-1]) if messages else _error(message, "no answer")
+        return self._up(upstream, method, messages[-1], child) if messages else _error(message, "no answer")
 
     async def _fan_out(
         self, method: str, message: Message, headers: Mapping[str, str], upstreams: list[str]
@@ -406,7 +411,7 @@ class AggregateChannel(UpstreamChannel):
         out = relay.out
         refusals: list[Message] = []
 
-        async def open_one(upstream: str) -> tuple[str, Exchange, dict[str, Any]] | None:
+        async def open_one(upstream: str) -> tuple[str, UpstreamChannel, Exchange, dict[str, Any]] | None:
             mine = listen.upstream_filters(filters, upstream, self._names, self._link.resources.owner)
             down = {**message, "params": {**params, "notifications": mine}}
             exchange: Exchange | None = None
@@ -417,11 +422,11 @@ class AggregateChannel(UpstreamChannel):
                     relay.children.append(exchange)
                     while (batch := await exchange.next_batch()) is not None:
                         for index, received in enumerate(batch):
-                            upward = self._up(upstream, message["method"], received)
+                            upward = self._up(upstream, message["method"], received, channel)
                             acknowledged = listen.acknowledged_filters(upward)
                             if acknowledged is not None:
                                 exchange.give_back(batch[index + 1 :])
-                                return upstream, exchange, acknowledged
+                                return upstream, channel, exchange, acknowledged
                             if jsonrpc.is_final(upward):
                                 refusals.append(upward)
                                 return None
@@ -435,22 +440,22 @@ class AggregateChannel(UpstreamChannel):
         if not opened and refusals:
             await out.deliver({**refusals[0], "id": message["id"]})
             return
-        await out.deliver(listen.acknowledgement(message["id"], [acknowledged for _, _, acknowledged in opened]))
+        await out.deliver(listen.acknowledgement(message["id"], [acknowledged for *_, acknowledged in opened]))
         self._link.listens[out] = (message["id"], filters)
         try:
-            await asyncio.gather(*(self._pump_listen(upstream, exchange, out) for upstream, exchange, _ in opened))
+            await asyncio.gather(*(self._pump_listen(*one[:3], out) for one in opened))
         finally:
             self._link.listens.pop(out, None)
         if not out.finished:
             await out.deliver(listen.ended(message["id"]))
 
-    async def _pump_listen(self, upstream: str, exchange: Exchange, out: Exchange) -> None:
+    async def _pump_listen(self, upstream: str, child: UpstreamChannel, exchange: Exchange, out: Exchange) -> None:
         """One upstream's listen notifications into the client's stream, until that listen ends."""
         while (batch := await exchange.next_batch()) is not None:
             for message in batch:
                 if jsonrpc.is_final(message):
                     return
-                await out.deliver(self._up(upstream, "subscriptions/listen", message))
+                await out.deliver(self._up(upstream, "subscriptions/listen", message, child))
 
     # -- rewriting ----------------------------------------------------------------------------------
 
@@ -471,15 +476,30 @@ class AggregateChannel(UpstreamChannel):
             changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
         return message if changed is None else {**message, "params": changed}
 
+    def _task_namer(self, upstream: str, beneath: UpstreamChannel | None) -> Callable[[str], str]:
+        """How `upstream`'s task ids read in the aggregate. A stateless channel is shared with the
+        upstream's own endpoint (`/servers/NAME/mcp`), whose task service may have set its tap there:
+        that tap has already named the task `<its tag>.<id>`, which is undone first."""
+        if beneath is None or beneath.tap is None:
+            return functools.partial(self._names.prefixed, upstream)
+        tagged = f"{beneath.tag}."
+
+        def name(task_id: str) -> str:
+            return self._names.prefixed(upstream, task_id.removeprefix(tagged))
+
+        return name
+
     def _unprefixed(self, upstream: str, value: object) -> object:
         owned = self._names.split(value) if isinstance(value, str) else None
         return owned[1] if owned is not None and owned[0] == upstream else value
 
-    def _up(self, upstream: str, method: str | None, message: Message) -> Message:
-        """A message of `upstream` as the aggregate's: task ids and requestStates prefixed, a
-        server-to-client request's id made unique here (`respond` maps it back), the server a
-        2026-07-28 result names the aggregate."""
-        message = map_task_ids(message, method, functools.partial(self._names.prefixed, upstream))
+    def _up(
+        self, upstream: str, method: str | None, message: Message, beneath: UpstreamChannel | None = None
+    ) -> Message:
+        """A message of `upstream` (arriving on its channel `beneath`) as the aggregate's: task ids and
+        requestStates prefixed, a server-to-client request's id made unique here (`respond` maps it
+        back), the server a 2026-07-28 result names the aggregate."""
+        message = map_task_ids(message, method, self._task_namer(upstream, beneath))
         kind = message.get("method")
         if kind is not None:
             if "id" in message:
