@@ -270,6 +270,7 @@ async def test_an_unusable_upstream_leaves_the_lists_and_its_calls_name_it(
     aggregate: AggregateUpstream, client: Client
 ) -> None:
     capabilities = (await client.initialize())["capabilities"]
+    await client.result("resources/list")
     down: set[str] = set()
     aggregate.usable = lambda name: name not in down
     down.add("build")
@@ -284,6 +285,9 @@ async def test_an_unusable_upstream_leaves_the_lists_and_its_calls_name_it(
     names, _ = await _all_tools(client)
     assert names and not any(name.startswith("build__") for name in names)
     error = await client.error("tools/call", {"name": "build__echo", "arguments": {"text": "x"}})
+    assert error == {"code": -32602, "message": "Invalid params: upstream 'build' is unavailable"}
+    assert "build://logs/latest" not in str(await client.result("resources/list"))
+    error = await client.error("resources/read", {"uri": "build://logs/latest"})  # its owner was learnt before
     assert error == {"code": -32602, "message": "Invalid params: upstream 'build' is unavailable"}
     down.clear()
     await aggregate.upstream_changed("build")

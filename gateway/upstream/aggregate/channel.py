@@ -372,6 +372,8 @@ class AggregateChannel(UpstreamChannel):
         uri = jsonrpc.params_of(message).get("uri")
         owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
         if owner is not None:
+            if not self._link.usable(owner):
+                raise unavailable(owner)
             await self._relay(relay, owner, message, headers)
             return
         if message["method"] != "resources/read":
@@ -400,6 +402,8 @@ class AggregateChannel(UpstreamChannel):
         owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
         if owner is None:
             raise invalid_params("params.ref names no prompt or resource of any upstream")
+        if not self._link.usable(owner):
+            raise unavailable(owner)
         await self._relay(relay, owner, message, headers)
 
     # -- subscriptions/listen (2026-07-28) ------------------------------------------------------------
