@@ -20,6 +20,7 @@ import contextlib
 import functools
 import itertools
 import logging
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -109,11 +110,13 @@ class AggregateChannel(UpstreamChannel):
 
     # -- what an era's conversation provides ------------------------------------------------------
 
+    @abstractmethod
     async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        raise NotImplementedError
+        """`upstream`'s channel for this conversation, ready for the client's requests."""
 
+    @abstractmethod
     def _opened(self) -> dict[str, UpstreamChannel]:
-        raise NotImplementedError
+        """The upstreams' channels this conversation has opened, by upstream."""
 
     async def _child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
         """`upstream`'s channel in this conversation, opened on first use (once, however many ask)."""
