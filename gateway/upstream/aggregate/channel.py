@@ -8,6 +8,10 @@ prefixed, cursors re-encoded). Each relayed request gets an `Exchange` of its ow
 (opening a child conversation, which may hang) runs in a task it owns, so one hanging upstream never
 holds up a request routed to another.
 
+Taps: the aggregate never sets an upstream channel's `tap` (a stateless channel is shared with the
+upstream's own endpoint, whose task service taps it). It rewrites as it relays, into exchanges of its
+own channel, so the tap the gateway sets on the aggregate channel sees the messages as the client will.
+
 `SessionChannel` (a 2025-11-25 client session) opens at most one session per upstream, lazily, and
 replays the client's handshake (and log level) to it; `RequestChannel` (one 2026-07-28 request) enters
 the upstreams' `stateless()` channels it needs and leaves them when the request ends.
