@@ -67,6 +67,12 @@ async def _aggregate(idle_processes: int, *, modern_tasks: bool = False) -> Asyn
         yield link
     finally:
         await link.close()
+        # A stdio process whose request was cancelled is stopped in the background, and the link's
+        # close() cancels that stop, leaving the process's transport to be collected after the loop
+        # closed: wait for those stops first.
+        background = [task for upstream in upstreams.values() for task in upstream._background]
+        if background:
+            await asyncio.wait(background, timeout=WAIT_S)
         await asyncio.gather(*(upstream.close() for upstream in upstreams.values()))
 
 

@@ -12,15 +12,13 @@ Taps: the aggregate never sets an upstream channel's `tap` (a stateless channel 
 upstream's own endpoint, whose task service taps it). It rewrites as it relays, into exchanges of its
 own channel, so the tap the gateway sets on the aggregate channel sees the messages as the client will.
 
-`SessionChannel` (a 2025-11-25 client session) opens at most one session per upstream, lazily, and
-replays the client's handshake (and log level) to it; `RequestChannel` (one 2026-07-28 request) enters
-the upstreams' `stateless()` channels it needs and leaves them when the request ends.
+How a conversation gets an upstream's channel is its era's: `session.SessionChannel` (a 2025-11-25
+client session) and `request.RequestChannel` (one 2026-07-28 request).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -33,7 +31,7 @@ from cachetools import LRUCache
 import gateway
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import NAME_PARAM
-from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, SERVER_INFO_KEY
+from gateway.protocol.era import SERVER_INFO_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.tasks.task_ids import map_task_ids
 from gateway.upstream.aggregate import listen
@@ -191,10 +189,10 @@ class AggregateChannel(UpstreamChannel):
         elif method == "server/discover":
             await relay.out.deliver(await self._discover(message, headers))
         elif method == "ping":
-            await relay.out.deliver(_result(message, {}))
+            await relay.out.deliver(result_of(message, {}))
         elif method == "logging/setLevel":
             await self._set_level(message, headers)
-            await relay.out.deliver(_result(message, {}))
+            await relay.out.deliver(result_of(message, {}))
         else:
             raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
 
@@ -217,7 +215,7 @@ class AggregateChannel(UpstreamChannel):
         """Send `message` to `upstream` and deliver its exchange, rewritten, to the caller's."""
         child = await self._child(upstream, headers)
         down = self._down(upstream, message)
-        exchange = await child.request(down, _headers_for(down, headers))
+        exchange = await child.request(down, headers_for(down, headers))
         relay.upstream, relay.children = upstream, [exchange]
         await self._pump(upstream, child, exchange, relay.out, rewrite)
 
@@ -249,7 +247,7 @@ class AggregateChannel(UpstreamChannel):
             async with asyncio.timeout(self._link.timeout_s):
                 child = await self._child(upstream, headers)
                 down = self._down(upstream, {**message, "id": self._own_id(method.replace("/", "-"))})
-                exchange = await child.request(down, _headers_for(down, headers))
+                exchange = await child.request(down, headers_for(down, headers))
                 try:
                     messages = await exchange.collect()
                 except asyncio.CancelledError:
@@ -301,7 +299,7 @@ class AggregateChannel(UpstreamChannel):
             merged["ttlMs"] = min(ttls)
             merged["cacheScope"] = "private"
         merged["_meta"] = {SERVER_INFO_KEY: SERVER_INFO}
-        return _result(message, merged)
+        return result_of(message, merged)
 
     def _merged_capabilities(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         declared = [result.get("capabilities") for result in results.values()]
@@ -328,7 +326,7 @@ class AggregateChannel(UpstreamChannel):
         else:
             upstream = self._link.next_usable(None)
         if upstream is None:
-            await relay.out.deliver(_result(message, {LIST_KEYS[method]: []}))
+            await relay.out.deliver(result_of(message, {LIST_KEYS[method]: []}))
             return
         down_params = {key: value for key, value in params.items() if key != "cursor"}
         if upstream_cursor is not None:
@@ -429,7 +427,7 @@ class AggregateChannel(UpstreamChannel):
             try:
                 async with asyncio.timeout(self._link.timeout_s):
                     channel = await self._child(upstream, headers)
-                    exchange = await channel.request(down, _headers_for(down, headers))
+                    exchange = await channel.request(down, headers_for(down, headers))
                     relay.children.append(exchange)
                     while (batch := await exchange.next_batch()) is not None:
                         for index, received in enumerate(batch):
@@ -572,7 +570,7 @@ class AggregateChannel(UpstreamChannel):
             await asyncio.wait(tasks, timeout=self._link.timeout_s)
 
 
-def _result(message: Message, result: dict[str, Any]) -> Message:
+def result_of(message: Message, result: dict[str, Any]) -> Message:
     return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
 
@@ -580,216 +578,9 @@ def _error(message: Message, text: str, code: int = jsonrpc.INTERNAL_ERROR) -> M
     return jsonrpc.error_response(message["id"], code, text)
 
 
-def _headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, str]:
+def headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, str]:
     """The client's headers with `Mcp-Name` naming what the upstream's message names (2026-07-28)."""
     name = jsonrpc.params_of(message).get(NAME_PARAM.get(message["method"], ""))
     if not isinstance(name, str) or not any(key.lower() == "mcp-name" for key in headers):
         return headers
     return {key: name if key.lower() == "mcp-name" else value for key, value in headers.items()}
-
-
-class SessionChannel(AggregateChannel):
-    """A 2025-11-25 client session: one upstream session per upstream it uses, opened lazily."""
-
-    def __init__(self, link: AggregateUpstream) -> None:
-        super().__init__(link)
-        self._children: dict[str, UpstreamChannel] = {}
-        self._handshake: Message | None = None
-        self._handshake_headers: Mapping[str, str] = {}
-        self._initialized: Message | None = None
-        self._log_level: Message | None = None
-        self._child_results: dict[str, dict[str, Any]] = {}
-        """Each opened upstream session's initialize result."""
-        self.capabilities: dict[str, Any] = {}
-        """What the merged initialize result declared (list_changed announcements follow it)."""
-        self._closed = False
-
-    def _opened(self) -> dict[str, UpstreamChannel]:
-        return self._children
-
-    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        if self._closed:
-            raise ProtocolError(jsonrpc.INTERNAL_ERROR, "upstream session closed")
-        if self._handshake is None:
-            raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: the session is not initialized")
-        channel = await self._link.upstreams[upstream].open_session()
-        channel.set_unsolicited_handler(functools.partial(self._unsolicited, upstream))
-        channel.on_loss(functools.partial(self._child_lost, upstream, channel))
-        try:
-            async with asyncio.timeout(self._link.timeout_s):
-                initialize = {**self._handshake, "id": self._own_id("initialize")}
-                final = (await (await channel.request(initialize, self._handshake_headers)).collect())[-1]
-                if "result" not in final:
-                    error = final.get("error")
-                    text = error.get("message") if isinstance(error, dict) else None
-                    raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} is unavailable: {text}")
-                self._child_results[upstream] = final["result"]
-                if self._initialized is not None:
-                    await channel.notify(self._initialized, self._handshake_headers)
-                if self._log_level is not None:
-                    level = {**self._log_level, "id": self._own_id("setLevel")}
-                    await (await channel.request(level, self._handshake_headers)).collect()
-        except TimeoutError:
-            await channel.close()
-            raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer initialize") from None
-        except BaseException:
-            await channel.close()
-            raise
-        return channel
-
-    @property
-    def upstream_sessions(self) -> list[str]:
-        """The upstreams this session has opened a session of its own with."""
-        return list(self._children)
-
-    async def _initialize(self, message: Message, headers: Mapping[str, str]) -> Message:
-        """The upstreams' answers merged. Only an upstream whose answer to this protocol version the
-        aggregate has not learnt yet is asked now (so gets its session now); the others are asked on
-        their first use in this session, by the same handshake."""
-        self._handshake, self._handshake_headers = message, dict(headers)
-        version = jsonrpc.params_of(message).get("protocolVersion")
-        upstreams = self._link.usable_upstreams()
-        learnt = self._link.handshakes
-
-        async def one(upstream: str) -> None:
-            try:
-                await self._child(upstream, headers)
-            except ProtocolError as error:
-                log.info("upstream %s left out of initialize: %s", upstream, error.message)
-                return
-            learnt[(upstream, str(version))] = self._child_results[upstream]
-
-        await asyncio.gather(*(one(name) for name in upstreams if (name, str(version)) not in learnt))
-        results = {name: learnt[(name, str(version))] for name in upstreams if (name, str(version)) in learnt}
-        self.capabilities = self._merged_capabilities(results)
-        merged: dict[str, Any] = {
-            "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
-            "capabilities": self.capabilities,
-            "serverInfo": SERVER_INFO,
-        }
-        instructions = merge_instructions([(name, result.get("instructions")) for name, result in results.items()])
-        if instructions is not None:
-            merged["instructions"] = instructions
-        return _result(message, merged)
-
-    async def _discover(self, message: Message, headers: Mapping[str, str]) -> Message:
-        raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, "Method not found: server/discover")
-
-    async def _set_level(self, message: Message, headers: Mapping[str, str]) -> None:
-        self._log_level = message
-        await self._fan_out("logging/setLevel", message, headers, list(self._children))
-
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        if message.get("method") == "notifications/initialized":
-            self._initialized = message
-        await super().notify(message, headers)
-
-    async def _unsolicited(self, upstream: str, message: Message, size: int) -> None:
-        message = await self.tapped(None, self._up(upstream, None, message))
-        if self._handler is not None:
-            await self._handler(message, size)
-
-    async def announce_lists(self) -> None:
-        """One `list_changed` for each list the merged capabilities say may change."""
-        for key, method in LIST_CHANGED.items():
-            declared = self.capabilities.get(key)
-            if key == "tools" or (isinstance(declared, dict) and declared.get("listChanged")):
-                notification = await self.tapped(None, {"jsonrpc": "2.0", "method": method})
-                if self._handler is not None:
-                    await self._handler(notification, 0)
-
-    async def park(self) -> bool:
-        """An idle session gives back what its upstream sessions hold (their stdio processes)."""
-        if self._relays:
-            return False
-        parked = [await child.park() for child in list(self._children.values())]
-        return any(parked)
-
-    async def resume(self) -> None:
-        for child in list(self._children.values()):
-            await child.resume()
-
-    async def _child_lost(self, upstream: str, channel: UpstreamChannel, cause: str) -> None:
-        """One upstream ended its session: only that one is dropped (opened again on next use)."""
-        if self._children.get(upstream) is channel:
-            del self._children[upstream]
-            log.info("upstream %s ended its session of an aggregate session: %s", upstream, cause)
-            self._link.own(asyncio.create_task(channel.close()))
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._link.forget(self)
-        await self._cancel_relays()
-        children, self._children = list(self._children.values()), {}
-        await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
-
-
-class RequestChannel(AggregateChannel):
-    """One 2026-07-28 request: the upstreams' stateless channels it needs, left when it ends."""
-
-    def __init__(
-        self,
-        link: AggregateUpstream,
-        affinity: tuple[str, str] | None,
-        beside: bool,
-        owner: str | None,
-    ) -> None:
-        super().__init__(link)
-        self._affinity = affinity
-        self._beside = beside
-        self._owner = owner
-        self._children: dict[str, UpstreamChannel] = {}
-        self._stack = contextlib.AsyncExitStack()
-
-    @functools.cached_property
-    def tag(self) -> str:
-        # One tag for every 2026-07-28 request, as the one shared channel of an HTTP upstream has: the
-        # task ids clients see (`tag.upstream__id`) must read the same on the next request's channel.
-        return self._link.modern_tag
-
-    def _opened(self) -> dict[str, UpstreamChannel]:
-        return self._children
-
-    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        affinity = self._affinity[1] if self._affinity is not None and self._affinity[0] == upstream else None
-        stateless = self._link.upstreams[upstream].stateless(affinity, beside=self._beside, owner=self._owner)
-        return await self._stack.enter_async_context(stateless)
-
-    async def close(self) -> None:
-        await self._cancel_relays()
-        await self._stack.aclose()
-
-
-class ProbeChannel(UpstreamChannel):
-    """The readiness probe's conversation: the aggregate answers it (its upstreams are probed apart)."""
-
-    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"])
-        params = jsonrpc.params_of(message)
-        if message["method"] == "initialize":
-            version = params.get("protocolVersion")
-            result = {
-                "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "serverInfo": SERVER_INFO,
-            }
-            await exchange.deliver(_result(message, result))
-        elif message["method"] == "ping":
-            await exchange.deliver(_result(message, {}))
-        else:
-            exchange.fail(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {message['method']}")
-        return exchange
-
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        return None
-
-    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        return None
-
-    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None

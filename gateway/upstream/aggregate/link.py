@@ -22,10 +22,11 @@ from cachetools import TTLCache
 
 from gateway.buffers import BufferBudget
 from gateway.protocol.jsonrpc import RequestId
-from gateway.upstream.aggregate.channel import ProbeChannel, RequestChannel, SessionChannel
 from gateway.upstream.aggregate.listen import LIST_FILTERS, list_changed
 from gateway.upstream.aggregate.naming import Names
+from gateway.upstream.aggregate.request import ProbeChannel, RequestChannel
 from gateway.upstream.aggregate.resources import ResourceOwners
+from gateway.upstream.aggregate.session import SessionChannel
 from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.upstream.aggregate")
