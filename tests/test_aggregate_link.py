@@ -17,14 +17,15 @@ from typing import Any
 
 import pytest
 
-from gateway.config import StdioConfig
+from gateway.config import HttpUpstreamConfig, StdioConfig
 from gateway.metrics import Metrics
 from gateway.protocol.dialect import MODERN
 from gateway.protocol.era import SERVER_INFO_KEY, TASKS_EXTENSION
 from gateway.protocol.jsonrpc import Message
 from gateway.tasks.task_ids import map_task_ids
 from gateway.upstream.aggregate.link import AggregateUpstream
-from gateway.upstream.base import Exchange, UpstreamChannel
+from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
+from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,6 +444,40 @@ async def test_a_hanging_upstream_is_left_out_and_slows_no_call_routed_elsewhere
         async with asyncio.timeout(WAIT_S):
             final = (await hung_call.collect())[-1]
         assert final["error"]["message"] == "upstream 'hung' did not answer initialize"
+    finally:
+        await client.channel.close()
+        await aggregate.close()
+        await asyncio.gather(*(upstream.close() for upstream in upstreams.values()))
+
+
+async def test_an_http_upstream_beside_a_stdio_one(example_http_url: str) -> None:
+    """The example server over Streamable HTTP: its calls routed in both eras, and a list change it
+    announces on its session's GET stream reaching the aggregate session's client."""
+    upstreams: dict[str, Upstream] = {
+        "web": HttpUpstream(example_http_url, HttpUpstreamConfig(), Metrics()),
+        "tasks": StdioUpstream(TASKS, StdioConfig(idle_processes=0), Metrics()),
+    }
+    await asyncio.gather(*(upstream.start() for upstream in upstreams.values()))
+    aggregate = AggregateUpstream(upstreams, "__", timeout_s=WAIT_S)
+    client = Client(await aggregate.open_session())
+    try:
+        await client.initialize()
+        params = {"name": "web__run_tests", "arguments": {"count": 2, "delay": 0.01}, "_meta": {"progressToken": "w"}}
+        messages = await client.call("tools/call", params)
+        assert [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"] == [1, 2]
+        # The GET stream opens after notifications/initialized; an announcement before it is lost.
+        heard = None
+        for _ in range(20):
+            await client.result("tools/call", {"name": "web__announce", "arguments": {}})
+            with contextlib.suppress(TimeoutError):
+                heard = await asyncio.wait_for(client.unsolicited.get(), 0.5)
+                break
+        assert heard is not None and heard["method"] == "notifications/tools/list_changed"
+        message, headers = MODERN.gateway_request("m", "tools/call", {"name": "web__echo", "arguments": {"text": "w"}})
+        async with aggregate.stateless() as channel:
+            async with asyncio.timeout(WAIT_S):
+                final = (await (await channel.request(message, headers)).collect())[-1]
+        assert final["result"]["content"][0]["text"] == "w"
     finally:
         await client.channel.close()
         await aggregate.close()
