@@ -420,7 +420,8 @@ async def _modern_requests(aggregate: AggregateUpstream) -> None:
         assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "m-listen"
         assert [m.get("method") for m in seen].count("notifications/subscriptions/acknowledged") == 1
         await stream.cancel()
-    assert not aggregate.listens
+    await aggregate.upstream_changed("build")  # a listen whose client has gone hears nothing more
+    assert await stream.next_batch() is None
 
 
 SILENT = [PYTHON, "-c", "import sys\nfor line in sys.stdin:\n    pass\n"]

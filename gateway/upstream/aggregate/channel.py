@@ -101,8 +101,9 @@ class AggregateChannel(UpstreamChannel):
         self._link = link
         self._names = link.names
         self._handler: UnsolicitedHandler | None = None
-        self._server_requests: LRUCache[str, tuple[str, RequestId]] = LRUCache(SERVER_REQUESTS_KEPT)
-        """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id)."""
+        self._server_requests: LRUCache[str, tuple[str, RequestId]] | None = None
+        """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id);
+        made on the first one (most 2026-07-28 requests relay none)."""
         self._relays: dict[RequestId, _Relay] = {}
         """Requests in flight by the caller's id (a notifications/cancelled names one)."""
         self._locks: dict[str, asyncio.Lock] = {}
@@ -513,12 +514,14 @@ class AggregateChannel(UpstreamChannel):
         if kind is not None:
             if "id" in message:
                 own = self._names.prefixed(upstream, str(message["id"]))
+                if self._server_requests is None:
+                    self._server_requests = LRUCache(SERVER_REQUESTS_KEPT)
                 self._server_requests[own] = (upstream, message["id"])
                 return {**message, "id": own}
             if kind == "notifications/cancelled":
                 params = jsonrpc.params_of(message)
                 own = self._names.prefixed(upstream, str(params.get("requestId")))
-                if own in self._server_requests:
+                if self._server_requests is not None and own in self._server_requests:
                     return {**message, "params": {**params, "requestId": own}}
             return message
         result = message.get("result")
@@ -548,7 +551,8 @@ class AggregateChannel(UpstreamChannel):
             await channel.notify(message, headers)
 
     async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        routed = self._server_requests.pop(message.get("id"), None)  # type: ignore[arg-type]
+        requests = self._server_requests
+        routed = requests.pop(message.get("id"), None) if requests is not None else None  # type: ignore[arg-type]
         channel = self._opened().get(routed[0]) if routed is not None else None
         if routed is None or channel is None:
             log.info("dropping a response to no server request the aggregate relayed: %r", message.get("id"))
@@ -561,7 +565,8 @@ class AggregateChannel(UpstreamChannel):
     async def _cancel_relays(self) -> None:
         """The conversation ends: what is still relayed is cancelled upstream, and waited for (briefly:
         a cancelled upstream exchange ends at once)."""
-        relays = list(self._relays.values())
+        # A relay whose answer is delivered is only finishing its bookkeeping: it is not waited for.
+        relays = [relay for relay in self._relays.values() if not relay.out.finished]
         for relay in relays:
             await relay.out.cancel()
             await relay.cancel(CLIENT_CANCEL_REASON)

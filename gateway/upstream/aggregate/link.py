@@ -149,6 +149,8 @@ class AggregateUpstream(Upstream):
         for channel in list(self._sessions):
             await channel.announce_lists()
         for out, (listen_id, filters) in list(self.listens.items()):
+            if out.finished:  # its client has gone; the relay forgets it as it ends
+                continue
             for flag, method in LIST_FILTERS.items():
                 if filters.get(flag):
                     await out.deliver(list_changed(listen_id, method))
