@@ -8,27 +8,33 @@ prefixed, cursors re-encoded). Each relayed request gets an `Exchange` of its ow
 (opening a child conversation, which may hang) runs in a task it owns, so one hanging upstream never
 holds up a request routed to another.
 
-`SessionChannel` (a 2025-11-25 client session) opens at most one session per upstream, lazily, and
-replays the client's handshake (and log level) to it; `RequestChannel` (one 2026-07-28 request) enters
-the upstreams' `stateless()` channels it needs and leaves them when the request ends.
+Taps: the aggregate never sets an upstream channel's `tap` (a stateless channel is shared with the
+upstream's own endpoint, whose task service taps it). It rewrites as it relays, into exchanges of its
+own channel, so the tap the gateway sets on the aggregate channel sees the messages as the client will.
+
+How a conversation gets an upstream's channel is its era's: `session.SessionChannel` (a 2025-11-25
+client session) and `request.RequestChannel` (one 2026-07-28 request).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from cachetools import LRUCache
 
 import gateway
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import NAME_PARAM
-from gateway.protocol.era import LATEST_HANDSHAKE_VERSION, SERVER_INFO_KEY
+from gateway.protocol.era import SERVER_INFO_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.tasks.task_ids import map_task_ids
+from gateway.upstream.aggregate import listen
 from gateway.upstream.aggregate.naming import CursorError, merge_capabilities, merge_instructions
 from gateway.upstream.aggregate.resources import entries_of
 from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UnsolicitedHandler, UpstreamChannel
@@ -42,6 +48,9 @@ SERVER_INFO = {"name": "mcp-task-gateway", "version": gateway.__version__}
 OWN_ID_PREFIX = "mcp-task-gateway-aggregate-"
 """Ids of the requests the aggregate sends its upstreams itself (handshakes, fan-outs)."""
 RESOURCE_NOT_FOUND = -32002
+SERVER_REQUESTS_KEPT = 1024
+"""Server-to-client requests a conversation remembers for the client's answer (the oldest unanswered
+one is forgotten past this: its late answer is dropped)."""
 
 LIST_KEYS = {
     "tools/list": "tools",
@@ -67,21 +76,22 @@ def unavailable(upstream: str) -> ProtocolError:
 
 
 class _Relay:
-    """One relayed request: the exchange its caller reads, and the upstream's once it is sent."""
+    """One relayed request: the exchange its caller reads, and the upstreams' once it is sent."""
 
-    __slots__ = ("child", "out", "task", "upstream")
+    __slots__ = ("children", "out", "task", "upstream")
 
     def __init__(self, out: Exchange) -> None:
         self.out = out
         self.upstream: str | None = None
-        self.child: Exchange | None = None
+        """The one upstream a routed request went to."""
+        self.children: list[Exchange] = []
         self.task: asyncio.Task[None] | None = None
 
     async def cancel(self, reason: str) -> None:
-        if self.child is not None:
-            await self.child.cancel(reason)
-        elif self.task is not None:
+        if not self.children and self.task is not None:
             self.task.cancel()
+        for child in self.children:
+            await child.cancel(reason)
 
 
 class AggregateChannel(UpstreamChannel):
@@ -91,8 +101,9 @@ class AggregateChannel(UpstreamChannel):
         self._link = link
         self._names = link.names
         self._handler: UnsolicitedHandler | None = None
-        self._server_requests: dict[str, tuple[str, RequestId]] = {}
-        """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id)."""
+        self._server_requests: LRUCache[str, tuple[str, RequestId]] | None = None
+        """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id);
+        made on the first one (most 2026-07-28 requests relay none)."""
         self._relays: dict[RequestId, _Relay] = {}
         """Requests in flight by the caller's id (a notifications/cancelled names one)."""
         self._locks: dict[str, asyncio.Lock] = {}
@@ -102,11 +113,13 @@ class AggregateChannel(UpstreamChannel):
 
     # -- what an era's conversation provides ------------------------------------------------------
 
+    @abstractmethod
     async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        raise NotImplementedError
+        """`upstream`'s channel for this conversation, ready for the client's requests."""
 
+    @abstractmethod
     def _opened(self) -> dict[str, UpstreamChannel]:
-        raise NotImplementedError
+        """The upstreams' channels this conversation has opened, by upstream."""
 
     async def _child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
         """`upstream`'s channel in this conversation, opened on first use (once, however many ask)."""
@@ -170,15 +183,17 @@ class AggregateChannel(UpstreamChannel):
             await self._by_uri(relay, message, headers)
         elif method == "completion/complete":
             await self._complete(relay, message, headers)
+        elif method == "subscriptions/listen":
+            await self._listen(relay, message, headers)
         elif method == "initialize":
             await relay.out.deliver(await self._initialize(message, headers))
         elif method == "server/discover":
             await relay.out.deliver(await self._discover(message, headers))
         elif method == "ping":
-            await relay.out.deliver(_result(message, {}))
+            await relay.out.deliver(result_of(message, {}))
         elif method == "logging/setLevel":
             await self._set_level(message, headers)
-            await relay.out.deliver(_result(message, {}))
+            await relay.out.deliver(result_of(message, {}))
         else:
             raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method}")
 
@@ -201,18 +216,23 @@ class AggregateChannel(UpstreamChannel):
         """Send `message` to `upstream` and deliver its exchange, rewritten, to the caller's."""
         child = await self._child(upstream, headers)
         down = self._down(upstream, message)
-        exchange = await child.request(down, _headers_for(down, headers))
-        relay.upstream, relay.child = upstream, exchange
-        await self._pump(upstream, exchange, relay.out, rewrite)
+        exchange = await child.request(down, headers_for(down, headers))
+        relay.upstream, relay.children = upstream, [exchange]
+        await self._pump(upstream, child, exchange, relay.out, rewrite)
 
     async def _pump(
-        self, upstream: str, exchange: Exchange, out: Exchange, rewrite: Callable[[Message], Message] | None
+        self,
+        upstream: str,
+        child: UpstreamChannel,
+        exchange: Exchange,
+        out: Exchange,
+        rewrite: Callable[[Message], Message] | None,
     ) -> None:
         method = exchange.method
         while (batch := await exchange.next_batch()) is not None:
             for message in batch:
                 size = len(message.raw) if type(message) is jsonrpc.Received and message.raw else 0
-                message = self._up(upstream, method, message)
+                message = self._up(upstream, method, message, child)
                 if jsonrpc.is_final(message):
                     if rewrite is not None:
                         message = rewrite(message)
@@ -228,7 +248,7 @@ class AggregateChannel(UpstreamChannel):
             async with asyncio.timeout(self._link.timeout_s):
                 child = await self._child(upstream, headers)
                 down = self._down(upstream, {**message, "id": self._own_id(method.replace("/", "-"))})
-                exchange = await child.request(down, _headers_for(down, headers))
+                exchange = await child.request(down, headers_for(down, headers))
                 try:
                     messages = await exchange.collect()
                 except asyncio.CancelledError:
@@ -236,7 +256,7 @@ class AggregateChannel(UpstreamChannel):
                     raise
         except TimeoutError:
             raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer {method}") from None
-        return self._up(upstream, method, messages[-1]) if messages else _error(message, "no answer")
+        return self._up(upstream, method, messages[-1], child) if messages else _error(message, "no answer")
 
     async def _fan_out(
         self, method: str, message: Message, headers: Mapping[str, str], upstreams: list[str]
@@ -280,7 +300,7 @@ class AggregateChannel(UpstreamChannel):
             merged["ttlMs"] = min(ttls)
             merged["cacheScope"] = "private"
         merged["_meta"] = {SERVER_INFO_KEY: SERVER_INFO}
-        return _result(message, merged)
+        return result_of(message, merged)
 
     def _merged_capabilities(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         declared = [result.get("capabilities") for result in results.values()]
@@ -307,7 +327,7 @@ class AggregateChannel(UpstreamChannel):
         else:
             upstream = self._link.next_usable(None)
         if upstream is None:
-            await relay.out.deliver(_result(message, {LIST_KEYS[method]: []}))
+            await relay.out.deliver(result_of(message, {LIST_KEYS[method]: []}))
             return
         down_params = {key: value for key, value in params.items() if key != "cursor"}
         if upstream_cursor is not None:
@@ -317,10 +337,14 @@ class AggregateChannel(UpstreamChannel):
 
     def _page(self, upstream: str, method: str, final: Message) -> Message:
         """One upstream's page as the aggregate's: names prefixed, owners learnt, the cursor re-encoded."""
+        key = LIST_KEYS[method]
+        error = final.get("error")
+        if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
+            # An upstream without this list (a server with tools only): an empty page, and on to the next.
+            final = {"jsonrpc": "2.0", "id": final.get("id"), "result": {key: []}}
         result = final.get("result")
         if not isinstance(result, dict):
             return final
-        key = LIST_KEYS[method]
         entries = entries_of(result, key)
         if key in ("tools", "prompts"):
             entries = self._prefixed(upstream, key, entries)
@@ -354,6 +378,8 @@ class AggregateChannel(UpstreamChannel):
         uri = jsonrpc.params_of(message).get("uri")
         owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
         if owner is not None:
+            if not self._link.usable(owner):
+                raise unavailable(owner)
             await self._relay(relay, owner, message, headers)
             return
         if message["method"] != "resources/read":
@@ -382,7 +408,64 @@ class AggregateChannel(UpstreamChannel):
         owner = self._link.resources.owner(uri) if isinstance(uri, str) else None
         if owner is None:
             raise invalid_params("params.ref names no prompt or resource of any upstream")
+        if not self._link.usable(owner):
+            raise unavailable(owner)
         await self._relay(relay, owner, message, headers)
+
+    # -- subscriptions/listen (2026-07-28) ------------------------------------------------------------
+
+    async def _listen(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        """One listen per usable upstream, merged (see `listen`)."""
+        filters = listen.filters_of(message)
+        params = jsonrpc.params_of(message)
+        out = relay.out
+        refusals: list[Message] = []
+
+        async def open_one(upstream: str) -> tuple[str, UpstreamChannel, Exchange, dict[str, Any]] | None:
+            mine = listen.upstream_filters(filters, upstream, self._names, self._link.resources.owner)
+            down = {**message, "params": {**params, "notifications": mine}}
+            exchange: Exchange | None = None
+            try:
+                async with asyncio.timeout(self._link.timeout_s):
+                    channel = await self._child(upstream, headers)
+                    exchange = await channel.request(down, headers_for(down, headers))
+                    relay.children.append(exchange)
+                    while (batch := await exchange.next_batch()) is not None:
+                        for index, received in enumerate(batch):
+                            upward = self._up(upstream, message["method"], received, channel)
+                            acknowledged = listen.acknowledged_filters(upward)
+                            if acknowledged is not None:
+                                exchange.give_back(batch[index + 1 :])
+                                return upstream, channel, exchange, acknowledged
+                            if jsonrpc.is_final(upward):
+                                refusals.append(upward)
+                                return None
+            except (TimeoutError, ProtocolError) as error:
+                log.info("upstream %s left out of a listen: %s", upstream, error)
+                if exchange is not None:
+                    await exchange.cancel()
+            return None
+
+        opened = [one for one in await asyncio.gather(*map(open_one, self._link.usable_upstreams())) if one]
+        if not opened and refusals:
+            await out.deliver({**refusals[0], "id": message["id"]})
+            return
+        await out.deliver(listen.acknowledgement(message["id"], [acknowledged for *_, acknowledged in opened]))
+        self._link.listens[out] = (message["id"], filters)
+        try:
+            await asyncio.gather(*(self._pump_listen(*one[:3], out) for one in opened))
+        finally:
+            self._link.listens.pop(out, None)
+        if not out.finished:
+            await out.deliver(listen.ended(message["id"]))
+
+    async def _pump_listen(self, upstream: str, child: UpstreamChannel, exchange: Exchange, out: Exchange) -> None:
+        """One upstream's listen notifications into the client's stream, until that listen ends."""
+        while (batch := await exchange.next_batch()) is not None:
+            for message in batch:
+                if jsonrpc.is_final(message):
+                    return
+                await out.deliver(self._up(upstream, "subscriptions/listen", message, child))
 
     # -- rewriting ----------------------------------------------------------------------------------
 
@@ -403,31 +486,54 @@ class AggregateChannel(UpstreamChannel):
             changed = {**(changed or params), "notifications": {**filters, "taskIds": ids}}
         return message if changed is None else {**message, "params": changed}
 
+    def _task_namer(self, upstream: str, beneath: UpstreamChannel | None) -> Callable[[str], str]:
+        """How `upstream`'s task ids read in the aggregate. A stateless channel is shared with the
+        upstream's own endpoint (`/servers/NAME/mcp`), whose task service may have set its tap there:
+        that tap has already named the task `<its tag>.<id>`, which is undone first."""
+        if beneath is None or beneath.tap is None:
+            return functools.partial(self._names.prefixed, upstream)
+        tagged = f"{beneath.tag}."
+
+        def name(task_id: str) -> str:
+            return self._names.prefixed(upstream, task_id.removeprefix(tagged))
+
+        return name
+
     def _unprefixed(self, upstream: str, value: object) -> object:
         owned = self._names.split(value) if isinstance(value, str) else None
         return owned[1] if owned is not None and owned[0] == upstream else value
 
-    def _up(self, upstream: str, method: str | None, message: Message) -> Message:
-        """A message of `upstream` as the aggregate's: task ids and requestStates prefixed, a
-        server-to-client request's id made unique here (`respond` maps it back)."""
-        message = map_task_ids(message, method, functools.partial(self._names.prefixed, upstream))
+    def _up(
+        self, upstream: str, method: str | None, message: Message, beneath: UpstreamChannel | None = None
+    ) -> Message:
+        """A message of `upstream` (arriving on its channel `beneath`) as the aggregate's: task ids and
+        requestStates prefixed, a server-to-client request's id made unique here (`respond` maps it
+        back), the server a 2026-07-28 result names the aggregate."""
+        message = map_task_ids(message, method, self._task_namer(upstream, beneath))
         kind = message.get("method")
         if kind is not None:
             if "id" in message:
                 own = self._names.prefixed(upstream, str(message["id"]))
+                if self._server_requests is None:
+                    self._server_requests = LRUCache(SERVER_REQUESTS_KEPT)
                 self._server_requests[own] = (upstream, message["id"])
                 return {**message, "id": own}
             if kind == "notifications/cancelled":
                 params = jsonrpc.params_of(message)
                 own = self._names.prefixed(upstream, str(params.get("requestId")))
-                if own in self._server_requests:
+                if self._server_requests is not None and own in self._server_requests:
                     return {**message, "params": {**params, "requestId": own}}
             return message
         result = message.get("result")
-        if isinstance(result, dict) and isinstance(result.get("requestState"), str):
-            state = self._names.prefixed(upstream, result["requestState"])
-            return {**message, "result": {**result, "requestState": state}}
-        return message
+        if not isinstance(result, dict):
+            return message
+        rewritten = result
+        if isinstance(result.get("requestState"), str):
+            rewritten = {**result, "requestState": self._names.prefixed(upstream, result["requestState"])}
+        meta = result.get("_meta")
+        if isinstance(meta, dict) and SERVER_INFO_KEY in meta:  # 2026-07-28: every result names its server
+            rewritten = {**rewritten, "_meta": {**meta, SERVER_INFO_KEY: SERVER_INFO}}
+        return message if rewritten is result else {**message, "result": rewritten}
 
     # -- the rest of a channel ----------------------------------------------------------------------
 
@@ -436,7 +542,7 @@ class AggregateChannel(UpstreamChannel):
             relay = self._relays.get(jsonrpc.params_of(message).get("requestId"))  # type: ignore[arg-type]
             if relay is None:
                 return
-            if relay.child is None or relay.upstream is None:
+            if not relay.children or relay.upstream is None:
                 await relay.cancel(CLIENT_CANCEL_REASON)
                 return
             await self._opened()[relay.upstream].notify(message, headers)
@@ -445,7 +551,8 @@ class AggregateChannel(UpstreamChannel):
             await channel.notify(message, headers)
 
     async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        routed = self._server_requests.pop(message.get("id"), None)  # type: ignore[arg-type]
+        requests = self._server_requests
+        routed = requests.pop(message.get("id"), None) if requests is not None else None  # type: ignore[arg-type]
         channel = self._opened().get(routed[0]) if routed is not None else None
         if routed is None or channel is None:
             log.info("dropping a response to no server request the aggregate relayed: %r", message.get("id"))
@@ -456,11 +563,19 @@ class AggregateChannel(UpstreamChannel):
         self._handler = handler
 
     async def _cancel_relays(self) -> None:
-        for relay in list(self._relays.values()):
+        """The conversation ends: what is still relayed is cancelled upstream, and waited for (briefly:
+        a cancelled upstream exchange ends at once)."""
+        # A relay whose answer is delivered is only finishing its bookkeeping: it is not waited for.
+        relays = [relay for relay in self._relays.values() if not relay.out.finished]
+        for relay in relays:
             await relay.out.cancel()
+            await relay.cancel(CLIENT_CANCEL_REASON)
+        tasks = [relay.task for relay in relays if relay.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._link.timeout_s)
 
 
-def _result(message: Message, result: dict[str, Any]) -> Message:
+def result_of(message: Message, result: dict[str, Any]) -> Message:
     return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
 
@@ -468,193 +583,9 @@ def _error(message: Message, text: str, code: int = jsonrpc.INTERNAL_ERROR) -> M
     return jsonrpc.error_response(message["id"], code, text)
 
 
-def _headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, str]:
+def headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, str]:
     """The client's headers with `Mcp-Name` naming what the upstream's message names (2026-07-28)."""
     name = jsonrpc.params_of(message).get(NAME_PARAM.get(message["method"], ""))
     if not isinstance(name, str) or not any(key.lower() == "mcp-name" for key in headers):
         return headers
     return {key: name if key.lower() == "mcp-name" else value for key, value in headers.items()}
-
-
-class SessionChannel(AggregateChannel):
-    """A 2025-11-25 client session: one upstream session per upstream it uses, opened lazily."""
-
-    def __init__(self, link: AggregateUpstream) -> None:
-        super().__init__(link)
-        self._children: dict[str, UpstreamChannel] = {}
-        self._handshake: Message | None = None
-        self._handshake_headers: Mapping[str, str] = {}
-        self._initialized: Message | None = None
-        self._log_level: Message | None = None
-        self._child_results: dict[str, dict[str, Any]] = {}
-        """Each opened upstream session's initialize result."""
-        self.capabilities: dict[str, Any] = {}
-        """What the merged initialize result declared (list_changed announcements follow it)."""
-        self._closed = False
-
-    def _opened(self) -> dict[str, UpstreamChannel]:
-        return self._children
-
-    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        if self._closed:
-            raise ProtocolError(jsonrpc.INTERNAL_ERROR, "upstream session closed")
-        if self._handshake is None:
-            raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: the session is not initialized")
-        channel = await self._link.upstreams[upstream].open_session()
-        channel.set_unsolicited_handler(functools.partial(self._unsolicited, upstream))
-        channel.on_loss(functools.partial(self._child_lost, upstream, channel))
-        try:
-            async with asyncio.timeout(self._link.timeout_s):
-                initialize = {**self._handshake, "id": self._own_id("initialize")}
-                final = (await (await channel.request(initialize, self._handshake_headers)).collect())[-1]
-                if "result" not in final:
-                    error = final.get("error")
-                    text = error.get("message") if isinstance(error, dict) else None
-                    raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} is unavailable: {text}")
-                self._child_results[upstream] = final["result"]
-                if self._initialized is not None:
-                    await channel.notify(self._initialized, self._handshake_headers)
-                if self._log_level is not None:
-                    level = {**self._log_level, "id": self._own_id("setLevel")}
-                    await (await channel.request(level, self._handshake_headers)).collect()
-        except TimeoutError:
-            await channel.close()
-            raise ProtocolError(jsonrpc.INTERNAL_ERROR, f"upstream {upstream!r} did not answer initialize") from None
-        except BaseException:
-            await channel.close()
-            raise
-        return channel
-
-    async def _initialize(self, message: Message, headers: Mapping[str, str]) -> Message:
-        self._handshake, self._handshake_headers = message, dict(headers)
-        upstreams = self._link.usable_upstreams()
-
-        async def one(upstream: str) -> None:
-            try:
-                await self._child(upstream, headers)
-            except ProtocolError as error:
-                log.info("upstream %s left out of initialize: %s", upstream, error.message)
-
-        await asyncio.gather(*(one(upstream) for upstream in upstreams))
-        results = {name: self._child_results[name] for name in upstreams if name in self._children}
-        self.capabilities = self._merged_capabilities(results)
-        version = jsonrpc.params_of(message).get("protocolVersion")
-        merged: dict[str, Any] = {
-            "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
-            "capabilities": self.capabilities,
-            "serverInfo": SERVER_INFO,
-        }
-        instructions = merge_instructions([(name, result.get("instructions")) for name, result in results.items()])
-        if instructions is not None:
-            merged["instructions"] = instructions
-        return _result(message, merged)
-
-    async def _discover(self, message: Message, headers: Mapping[str, str]) -> Message:
-        raise ProtocolError(jsonrpc.METHOD_NOT_FOUND, "Method not found: server/discover")
-
-    async def _set_level(self, message: Message, headers: Mapping[str, str]) -> None:
-        self._log_level = message
-        await self._fan_out("logging/setLevel", message, headers, list(self._children))
-
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        if message.get("method") == "notifications/initialized":
-            self._initialized = message
-        await super().notify(message, headers)
-
-    async def _unsolicited(self, upstream: str, message: Message, size: int) -> None:
-        message = await self.tapped(None, self._up(upstream, None, message))
-        if self._handler is not None:
-            await self._handler(message, size)
-
-    async def announce_lists(self) -> None:
-        """One `list_changed` for each list the merged capabilities say may change."""
-        for key, method in LIST_CHANGED.items():
-            declared = self.capabilities.get(key)
-            if key == "tools" or (isinstance(declared, dict) and declared.get("listChanged")):
-                notification = await self.tapped(None, {"jsonrpc": "2.0", "method": method})
-                if self._handler is not None:
-                    await self._handler(notification, 0)
-
-    async def _child_lost(self, upstream: str, channel: UpstreamChannel, cause: str) -> None:
-        """One upstream ended its session: only that one is dropped (opened again on next use)."""
-        if self._children.get(upstream) is channel:
-            del self._children[upstream]
-            log.info("upstream %s ended its session of an aggregate session: %s", upstream, cause)
-            self._link.own(asyncio.create_task(channel.close()))
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._link.forget(self)
-        await self._cancel_relays()
-        children, self._children = list(self._children.values()), {}
-        await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
-
-
-class RequestChannel(AggregateChannel):
-    """One 2026-07-28 request: the upstreams' stateless channels it needs, left when it ends."""
-
-    def __init__(
-        self,
-        link: AggregateUpstream,
-        affinity: tuple[str, str] | None,
-        beside: bool,
-        owner: str | None,
-    ) -> None:
-        super().__init__(link)
-        self._affinity = affinity
-        self._beside = beside
-        self._owner = owner
-        self._children: dict[str, UpstreamChannel] = {}
-        self._stack = contextlib.AsyncExitStack()
-
-    @functools.cached_property
-    def tag(self) -> str:
-        # One tag for every 2026-07-28 request, as the one shared channel of an HTTP upstream has: the
-        # task ids clients see (`tag.upstream__id`) must read the same on the next request's channel.
-        return self._link.modern_tag
-
-    def _opened(self) -> dict[str, UpstreamChannel]:
-        return self._children
-
-    async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
-        affinity = self._affinity[1] if self._affinity is not None and self._affinity[0] == upstream else None
-        stateless = self._link.upstreams[upstream].stateless(affinity, beside=self._beside, owner=self._owner)
-        return await self._stack.enter_async_context(stateless)
-
-    async def close(self) -> None:
-        await self._stack.aclose()
-
-
-class ProbeChannel(UpstreamChannel):
-    """The readiness probe's conversation: the aggregate answers it (its upstreams are probed apart)."""
-
-    async def request(self, message: Message, headers: Mapping[str, str]) -> Exchange:
-        exchange = Exchange(message["id"], message["method"])
-        params = jsonrpc.params_of(message)
-        if message["method"] == "initialize":
-            version = params.get("protocolVersion")
-            result = {
-                "protocolVersion": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
-                "capabilities": {},
-                "serverInfo": SERVER_INFO,
-            }
-            await exchange.deliver(_result(message, result))
-        elif message["method"] == "ping":
-            await exchange.deliver(_result(message, {}))
-        else:
-            exchange.fail(jsonrpc.METHOD_NOT_FOUND, f"Method not found: {message['method']}")
-        return exchange
-
-    async def notify(self, message: Message, headers: Mapping[str, str]) -> None:
-        return None
-
-    async def respond(self, message: Message, headers: Mapping[str, str]) -> None:
-        return None
-
-    def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None

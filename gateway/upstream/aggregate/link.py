@@ -16,14 +16,18 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from cachetools import TTLCache
 
 from gateway.buffers import BufferBudget
-from gateway.upstream.aggregate.channel import ProbeChannel, RequestChannel, SessionChannel
+from gateway.protocol.jsonrpc import RequestId
+from gateway.upstream.aggregate.listen import LIST_FILTERS, list_changed
 from gateway.upstream.aggregate.naming import Names
+from gateway.upstream.aggregate.request import ProbeChannel, RequestChannel
 from gateway.upstream.aggregate.resources import ResourceOwners
-from gateway.upstream.base import Upstream, UpstreamChannel
+from gateway.upstream.aggregate.session import SessionChannel
+from gateway.upstream.base import Exchange, Upstream, UpstreamChannel
 
 log = logging.getLogger("gateway.upstream.aggregate")
 
@@ -52,8 +56,13 @@ class AggregateUpstream(Upstream):
         self.resources = ResourceOwners(self.names)
         self.modern_tag = secrets.token_hex(4)
         """The tag of every 2026-07-28 request channel (see `RequestChannel.tag`)."""
+        self.handshakes: dict[tuple[str, str], dict[str, Any]] = {}
+        """(upstream, protocol version) -> its initialize result, learnt from the first session that
+        asked; forgotten when the upstream's usability changes (a restarted server may declare more)."""
         self._pins: TTLCache[str, str] = TTLCache(maxsize=4096, ttl=PINNED_TTL_S)
         self._sessions: set[SessionChannel] = set()
+        self.listens: dict[Exchange, tuple[RequestId, dict[str, Any]]] = {}
+        """Open 2026-07-28 listens (their client's exchange) -> (the listen's id, its filter)."""
         self._background: set[asyncio.Task[None]] = set()
         self._warned: set[tuple[str, str]] = set()
 
@@ -135,8 +144,16 @@ class AggregateUpstream(Upstream):
         aggregate declares is asked again."""
         log.info("upstream %s changed usability; announcing list changes", name)
         self.__dict__.pop("_discovery", None)
+        for key in [key for key in self.handshakes if key[0] == name]:
+            del self.handshakes[key]
         for channel in list(self._sessions):
             await channel.announce_lists()
+        for out, (listen_id, filters) in list(self.listens.items()):
+            if out.finished:  # its client has gone; the relay forgets it as it ends
+                continue
+            for flag, method in LIST_FILTERS.items():
+                if filters.get(flag):
+                    await out.deliver(list_changed(listen_id, method))
 
     async def start(self) -> None:
         return None
