@@ -35,8 +35,9 @@ class Health:
     def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
         """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
         as /readyz answers; before the first check ends it forwards, as the single endpoint does, and
-        the link answers for an upstream that is down); the main endpoint is never refused here (the aggregate leaves an unusable
-        upstream's tools out instead, and the single upstream's endpoint forwards as it always has)."""
+        the link answers for an upstream that is down). The main endpoint is never refused here: the
+        aggregate leaves an unusable upstream's tools out instead, and the single upstream's endpoint
+        forwards as it always has."""
         readiness = self.readiness.get(route) if route is not None else None
         if readiness is None or route is None:
             return lambda: None

@@ -54,6 +54,7 @@ def build_routes(
         {route.name: route.upstream for route in routes if route.name is not None},
         config.server.name_separator,
         config.server.initialize_timeout_s,
+        budget=budget,
     )
     main = config.for_route(None)
     routes.append(Route(None, config.server.path, main, start_upstream(app, main, metrics, budget, aggregate)))
