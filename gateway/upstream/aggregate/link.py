@@ -146,7 +146,10 @@ class AggregateUpstream(Upstream):
         self.__dict__.pop("_discovery", None)
         for key in [key for key in self.handshakes if key[0] == name]:
             del self.handshakes[key]
+        unusable = not self.usable(name)
         for channel in list(self._sessions):
+            if unusable:
+                channel.drop_child(name)
             await channel.announce_lists()
         for out, (listen_id, filters) in list(self.listens.items()):
             if out.finished:  # its client has gone; the relay forgets it as it ends

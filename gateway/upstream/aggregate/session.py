@@ -151,8 +151,15 @@ class SessionChannel(AggregateChannel):
     async def _child_lost(self, upstream: str, channel: UpstreamChannel, cause: str) -> None:
         """One upstream ended its session: only that one is dropped (opened again on next use)."""
         if self._children.get(upstream) is channel:
-            del self._children[upstream]
             log.info("upstream %s ended its session of an aggregate session: %s", upstream, cause)
+            self.drop_child(upstream)
+
+    def drop_child(self, upstream: str) -> None:
+        """Forget (and close) the session on `upstream`, if one is open: the next use opens another.
+        For an upstream found unusable: a server that restarted has forgotten its sessions, and not
+        every server answers 404 for one it forgot (server-everything answers 400)."""
+        channel = self._children.pop(upstream, None)
+        if channel is not None:
             self._link.own(asyncio.create_task(channel.close()))
 
     async def close(self) -> None:
