@@ -39,11 +39,11 @@ def test_task_ids_and_request_states_are_prefixed_the_same_way() -> None:
     assert NAMES.split(NAMES.prefixed("time", "5f0c-task")) == ("time", "5f0c-task")
 
 
-def test_a_cursor_names_the_upstream_and_its_own_cursor() -> None:
-    for upstream, cursor in [("build", None), ("time", "abc=="), ("build-x", "x" * 300)]:
-        encoded = NAMES.encode_cursor(upstream, cursor)
+def test_a_cursor_names_each_upstream_whose_list_goes_on_and_its_own_cursor() -> None:
+    for pending in [[("build", "1")], [("time", "abc=="), ("build-x", "x" * 300)]]:
+        encoded = NAMES.encode_cursor(pending)
         assert "=" not in encoded and "/" not in encoded and "+" not in encoded
-        assert NAMES.decode_cursor(encoded) == (upstream, cursor)
+        assert NAMES.decode_cursor(encoded) == pending
 
 
 def _b64(raw: bytes) -> str:
@@ -57,10 +57,12 @@ def _b64(raw: bytes) -> str:
         "not base64 at all!",
         _b64(b"not json"),
         _b64(b"[1, 2]"),
-        _b64(orjson.dumps({"u": "build"})),
-        _b64(orjson.dumps({"u": "build", "c": None, "x": 1})),
-        _b64(orjson.dumps({"u": 3, "c": None})),
-        _b64(orjson.dumps({"u": "build", "c": 5})),
+        _b64(orjson.dumps({"p": []})),
+        _b64(orjson.dumps({"p": [["build", "1"]], "x": 1})),
+        _b64(orjson.dumps({"p": [[3, "1"]]})),
+        _b64(orjson.dumps({"p": [["build", 5]]})),
+        _b64(orjson.dumps({"p": [["build"]]})),
+        _b64(orjson.dumps({"p": [["build", None]]})),
     ],
 )
 def test_a_cursor_the_aggregate_did_not_make_is_refused(cursor: str) -> None:
@@ -69,7 +71,7 @@ def test_a_cursor_the_aggregate_did_not_make_is_refused(cursor: str) -> None:
 
 
 def test_a_cursor_naming_an_unknown_upstream_is_refused_with_its_name() -> None:
-    forged = _b64(orjson.dumps({"u": "search", "c": None}))
+    forged = _b64(orjson.dumps({"p": [["build", "1"], ["search", "2"]]}))
     with pytest.raises(CursorError, match="unknown upstream 'search'"):
         NAMES.decode_cursor(forged)
     assert issubclass(CursorError, ValueError)

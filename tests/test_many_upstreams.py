@@ -24,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from tests.conftest import EXAMPLE_SERVER, RunningGateway, free_port, start_gateway
+from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, free_port, start_gateway
 from tests.test_cli_tasks import cli, json_lines
 from tests.test_upstream_with_tasks import http_upstream
 from tests.wire import MODERN
@@ -162,6 +162,48 @@ async def test_a_call_to_each_upstreams_tool_is_routed_with_its_progress(three: 
     assert "Long running operation completed" in long.content[0].text  # type: ignore[union-attr]
     assert json.loads(now.content[0].text)["timezone"] == "UTC"  # type: ignore[union-attr]
     assert progress == {"build": [1, 2, 3], "everything": [1, 2]}, progress
+
+
+PAGED = [sys.executable, str(ROOT / "tests" / "servers" / "paged_server.py")]
+
+
+async def test_lists_paginate_across_upstreams_that_page(tmp_path: Path) -> None:
+    """Two upstreams that page their tools (25 in pages of 10, 7 in pages of 3) beside one that does
+    not: each aggregate page holds the next page of every upstream whose list goes on (in configured
+    order), the cursor carries each one's own cursor, and the whole list is every tool once, prefixed."""
+    config = f"""
+[[upstreams]]
+name = "many"
+command = {toml_list(PAGED)}
+
+[[upstreams]]
+name = "build"
+command = {toml_list(EXAMPLE_SERVER)}
+
+[[upstreams]]
+name = "few"
+command = {toml_list([*PAGED, "--tools", "7", "--page-size", "3"])}
+"""
+    async with start_gateway(config_text=config) as gateway, asyncio.timeout(WAIT), legacy(gateway.url) as client:
+        pages: list[list[str]] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            pages.append([tool.name for tool in page.tools])
+            if not (cursor := page.next_cursor):
+                break
+        async with legacy(f"{gateway.base}/servers/build/mcp") as build:
+            build_tools = [f"build__{tool['name']}" for tool in await all_tools(build)]
+        called = await client.call_tool("few__tool-006", {"text": "last"})
+    assert pages[0] == [f"many__tool-{i:03d}" for i in range(10)] + build_tools + [
+        "few__tool-000",
+        "few__tool-001",
+        "few__tool-002",
+    ]
+    assert pages[1] == [f"many__tool-{i:03d}" for i in range(10, 20)] + [f"few__tool-{i:03d}" for i in range(3, 6)]
+    assert pages[2] == [f"many__tool-{i:03d}" for i in range(20, 25)] + ["few__tool-006"]
+    assert len(pages) == 3
+    assert called.content[0].text == "tool-006: last"  # type: ignore[union-attr]
 
 
 async def test_a_tool_no_upstream_owns_is_an_invalid_params_error(three: Three) -> None:

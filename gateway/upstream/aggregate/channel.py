@@ -312,52 +312,56 @@ class AggregateChannel(UpstreamChannel):
     # -- lists across upstreams -------------------------------------------------------------------
 
     async def _list(self, relay: _Relay, message: Message, headers: Mapping[str, str]) -> None:
+        """One page of every upstream whose list goes on, asked at once (each within timeout_s) and
+        merged in configured order: the first page lists every usable upstream's first page, so a list
+        that fits each upstream's first page takes one request, whatever the number of upstreams."""
         method = message["method"]
         params = jsonrpc.params_of(message)
         cursor = params.get("cursor")
-        upstream: str | None
-        upstream_cursor: str | None = None
+        pending: dict[str, str | None]
         if isinstance(cursor, str):
             try:
-                upstream, upstream_cursor = self._names.decode_cursor(cursor)
+                pending = dict(self._names.decode_cursor(cursor))
             except CursorError as error:
                 raise invalid_params(str(error)) from None
-            if not self._link.usable(upstream):
-                upstream, upstream_cursor = self._link.next_usable(upstream), None
         else:
-            upstream = self._link.next_usable(None)
-        if upstream is None:
-            await relay.out.deliver(result_of(message, {LIST_KEYS[method]: []}))
-            return
-        down_params = {key: value for key, value in params.items() if key != "cursor"}
-        if upstream_cursor is not None:
-            down_params["cursor"] = upstream_cursor
-        page = functools.partial(self._page, upstream, method)
-        await self._relay(relay, upstream, {**message, "params": down_params}, headers, page)
+            pending = dict.fromkeys(self._names.upstreams)
+        asked = [upstream for upstream in pending if self._link.usable(upstream)]
+        plain = {key: value for key, value in params.items() if key != "cursor"}
 
-    def _page(self, upstream: str, method: str, final: Message) -> Message:
-        """One upstream's page as the aggregate's: names prefixed, owners learnt, the cursor re-encoded."""
+        async def one(upstream: str) -> Message | None:
+            down = {**message, "params": plain if pending[upstream] is None else {**plain, "cursor": pending[upstream]}}
+            try:
+                return await self._ask(upstream, method, down, headers)
+            except ProtocolError as error:
+                log.info("upstream %s left out of %s: %s", upstream, method, error.message)
+                return None
+
         key = LIST_KEYS[method]
-        error = final.get("error")
-        if isinstance(error, dict) and error.get("code") == jsonrpc.METHOD_NOT_FOUND:
-            # An upstream without this list (a server with tools only): an empty page, and on to the next.
-            final = {"jsonrpc": "2.0", "id": final.get("id"), "result": {key: []}}
-        result = final.get("result")
-        if not isinstance(result, dict):
-            return final
+        entries: list[Any] = []
+        going_on: list[tuple[str, str]] = []
+        results: list[dict[str, Any]] = []
+        for upstream, final in zip(asked, await asyncio.gather(*(one(upstream) for upstream in asked)), strict=True):
+            result = final.get("result") if final is not None else None
+            if not isinstance(result, dict):  # failed, or has no such list (-32601): nothing of it here
+                continue
+            results.append(result)
+            entries += self._entries(upstream, key, result)
+            upstream_next = result.get("nextCursor")
+            if isinstance(upstream_next, str) and upstream_next:
+                going_on.append((upstream, upstream_next))
+        page: dict[str, Any] = {**list_fields(results, key), key: entries}
+        if going_on:
+            page["nextCursor"] = self._names.encode_cursor(going_on)
+        await relay.out.deliver(result_of(message, page))
+
+    def _entries(self, upstream: str, key: str, result: dict[str, Any]) -> list[Any]:
+        """One upstream's page entries as the aggregate lists them: names prefixed, owners learnt."""
         entries = entries_of(result, key)
         if key in ("tools", "prompts"):
-            entries = self._prefixed(upstream, key, entries)
-        else:
-            self._link.resources.learn(upstream, "uri" if key == "resources" else "uriTemplate", entries)
-        page = {**result, key: entries}
-        upstream_next = result.get("nextCursor")
-        page.pop("nextCursor", None)
-        if isinstance(upstream_next, str) and upstream_next:
-            page["nextCursor"] = self._names.encode_cursor(upstream, upstream_next)
-        elif (following := self._link.next_usable(upstream)) is not None:
-            page["nextCursor"] = self._names.encode_cursor(following, None)
-        return {**final, "result": page}
+            return self._prefixed(upstream, key, entries)
+        self._link.resources.learn(upstream, "uri" if key == "resources" else "uriTemplate", entries)
+        return entries
 
     def _prefixed(self, upstream: str, key: str, entries: list[Any]) -> list[Any]:
         listed = []
@@ -589,3 +593,16 @@ def headers_for(message: Message, headers: Mapping[str, str]) -> Mapping[str, st
     if not isinstance(name, str) or not any(key.lower() == "mcp-name" for key in headers):
         return headers
     return {key: name if key.lower() == "mcp-name" else value for key, value in headers.items()}
+
+
+def list_fields(results: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """What a merged page says besides its entries and cursor: the first page's fields (2026-07-28's
+    `resultType`), its cache hints the strictest of all (the shortest `ttlMs`, `private` if any is)."""
+    fields = {name: value for name, value in (results[0] if results else {}).items() if name not in (key, "nextCursor")}
+    fields.pop("_meta", None)
+    ttls = [result["ttlMs"] for result in results if isinstance(result.get("ttlMs"), int)]
+    if ttls:
+        fields["ttlMs"] = min(ttls)
+    if any(result.get("cacheScope") == "private" for result in results):
+        fields["cacheScope"] = "private"
+    return fields

@@ -75,10 +75,6 @@ class AggregateUpstream(Upstream):
     def usable_upstreams(self) -> list[str]:
         return [name for name in self.names.upstreams if self.usable(name)]
 
-    def next_usable(self, upstream: str | None) -> str | None:
-        """The first usable upstream configured after `upstream` (after none: the first of all)."""
-        return next((name for name in self.names.after(upstream) if self.usable(name)), None)
-
     def warn_once(self, upstream: str, tool: str) -> None:
         if (upstream, tool) not in self._warned:
             self._warned.add((upstream, tool))

@@ -2,7 +2,7 @@
 
 Tool names, prompt names and upstream task ids (and `requestState`s) are prefixed with the upstream's
 name and a separator (`build__echo`), so a request routes by its name alone: statelessly, the same on
-every replica and after a restart. List cursors name the upstream whose page comes next and that
+every replica and after a restart. A list cursor names each upstream whose list goes on and that
 upstream's own cursor, as base64url of compact JSON; a cursor the aggregate did not make (or one naming
 an upstream it does not have) is refused with `CursorError`. Capabilities are merged as a union, and
 instructions concatenated under a heading per upstream.
@@ -52,32 +52,29 @@ class Names:
     def valid_tool_name(self, prefixed: str) -> bool:
         return TOOL_NAME.fullmatch(prefixed) is not None
 
-    def after(self, upstream: str | None) -> list[str]:
-        """The upstreams configured after `upstream` (all of them for None), in order."""
-        if upstream is None:
-            return list(self.upstreams)
-        return list(self.upstreams[self.upstreams.index(upstream) + 1 :])
-
-    def encode_cursor(self, upstream: str, upstream_cursor: str | None) -> str:
-        """The aggregate's cursor for `upstream`'s page at `upstream_cursor` (None: its first page)."""
-        raw = orjson.dumps({"u": upstream, "c": upstream_cursor})
+    def encode_cursor(self, pending: Sequence[tuple[str, str]]) -> str:
+        """The aggregate's cursor: each upstream whose list goes on, with its own cursor, in order."""
+        raw = orjson.dumps({"p": [list(pair) for pair in pending]})
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
-    def decode_cursor(self, cursor: str) -> tuple[str, str | None]:
-        """The upstream and its cursor that `cursor` (made by `encode_cursor`) names; CursorError else."""
+    def decode_cursor(self, cursor: str) -> list[tuple[str, str]]:
+        """The upstreams and their cursors that `cursor` (made by `encode_cursor`) names; CursorError else."""
         try:
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
             value = orjson.loads(raw)
         except (binascii.Error, ValueError):
             raise CursorError("the cursor is not one this server gave out") from None
-        if not isinstance(value, dict) or set(value) != {"u", "c"}:
+        pending = value.get("p") if isinstance(value, dict) and set(value) == {"p"} else None
+        if not isinstance(pending, list) or not pending:
             raise CursorError("the cursor is not one this server gave out")
-        upstream, upstream_cursor = value["u"], value["c"]
-        if not isinstance(upstream, str) or not (upstream_cursor is None or isinstance(upstream_cursor, str)):
-            raise CursorError("the cursor is not one this server gave out")
-        if upstream not in self.upstreams:
-            raise CursorError(f"the cursor names an unknown upstream {upstream!r}")
-        return upstream, upstream_cursor
+        pairs: list[tuple[str, str]] = []
+        for pair in pending:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(part, str) for part in pair)):
+                raise CursorError("the cursor is not one this server gave out")
+            if pair[0] not in self.upstreams:
+                raise CursorError(f"the cursor names an unknown upstream {pair[0]!r}")
+            pairs.append((pair[0], pair[1]))
+        return pairs
 
 
 def merge_capabilities(declared: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
