@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.assembly.upstream import with_env_headers
 from gateway.cli import _apply_flags, _parser, main
-from gateway.config import AuthRule, Config, ConfigError, load_config
+from gateway.config import AuthRule, Config, ConfigError, HttpUpstreamConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -371,3 +372,16 @@ def test_check_config_accepts_many_upstreams(tmp_path: Path, capsys: pytest.Capt
     good.write_text(SCOPED)
     assert main(["check-config", str(good)]) == 0
     assert capsys.readouterr().out == f"{good}: ok\n"
+
+
+def test_a_static_header_from_an_environment_variable_is_read_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    http = HttpUpstreamConfig(headers={"X-Team": "tools"}, headers_env={"Authorization": "BUILD_TOKEN"})
+    monkeypatch.setenv("BUILD_TOKEN", "Bearer s3cret")
+    assert with_env_headers(http, "upstreams.build.http").headers == {
+        "X-Team": "tools",
+        "Authorization": "Bearer s3cret",
+    }
+    monkeypatch.delenv("BUILD_TOKEN")
+    with pytest.raises(ConfigError, match=r"upstreams\.build\.http\.headers_env\.Authorization: .*BUILD_TOKEN"):
+        with_env_headers(http, "upstreams.build.http")
+    assert with_env_headers(HttpUpstreamConfig(), "upstream.http") == HttpUpstreamConfig()

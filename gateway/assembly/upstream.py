@@ -4,12 +4,13 @@ after the stores are open and closed after the sessions and tasks that use it ha
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from gateway.buffers import BufferBudget
-from gateway.config import Config
+from gateway.config import Config, ConfigError, HttpUpstreamConfig
 from gateway.deadlines import RequestDeadlines
 from gateway.metrics import Metrics
 from gateway.upstream.base import Upstream
@@ -35,10 +36,24 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
         credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
-        return HttpUpstream(upstream.url, upstream.http, metrics, budget, deadlines, credentials, name=upstream.name)
+        http = with_env_headers(
+            upstream.http, "upstream.http" if not config.aggregating else f"upstreams.{upstream.name}.http"
+        )
+        return HttpUpstream(upstream.url, http, metrics, budget, deadlines, credentials, name=upstream.name)
     if upstream.command:
         return StdioUpstream(upstream.command, upstream.stdio, metrics, budget, deadlines, name=upstream.name)
     raise ValueError("no upstream configured: set upstream.url or upstream.command (or --upstream-url/--upstream-cmd)")
+
+
+def with_env_headers(http: HttpUpstreamConfig, key: str) -> HttpUpstreamConfig:
+    """`http` with `headers_env` read into `headers` (at start: a secret stays out of the file);
+    ConfigError naming the key when a variable is unset or empty."""
+    headers = dict(http.headers)
+    for header, variable in http.headers_env.items():
+        if not (value := os.environ.get(variable, "")):
+            raise ConfigError(f"{key}.headers_env.{header}: the environment variable {variable} is not set or empty")
+        headers[header] = value
+    return http.model_copy(update={"headers": headers}) if http.headers_env else http
 
 
 def bridged(link: Upstream, config: Config, budget: BufferBudget) -> BridgingUpstream:

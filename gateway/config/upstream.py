@@ -32,6 +32,9 @@ class StdioConfig(Section):
 
 class HttpUpstreamConfig(Section):
     headers: dict[str, str] = Field(default_factory=dict)
+    headers_env: dict[str, str] = Field(default_factory=dict)
+    """Header name -> the environment variable holding its value (a static credential kept out of the
+    file, e.g. `Authorization = "BUILD_TOKEN"` with `BUILD_TOKEN="Bearer ..."`), read at start."""
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_reconnects: int = Field(default=2, ge=0)
     max_connections: int = Field(default=100, gt=0)
