@@ -54,13 +54,20 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics) for route in routes}
     run_tasks(app, core, stores, tasks)
     rejections = build_edge(app, config, metrics)
-    health = build_health(app, config, routes, stores, sessions.values(), tasks.values(), metrics)
+    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics)
     for route in routes:
         unavailable = health.unavailable(route.name)
         build_endpoint(
             app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable
         )
     return app
+
+
+def upstreams_named(config: Config) -> dict[str, object]:
+    """How the start-up line names the upstreams: `upstream` (one), or `upstreams` by name."""
+    if not config.aggregating:
+        return {"upstream": upstream_name(config.upstream)}
+    return {"upstreams": {upstream.name: upstream_name(upstream) for upstream in config.upstreams}}
 
 
 class ListenError(Exception):
@@ -161,7 +168,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
                     "url": url,
                     "auth": config.auth.mode,
                     "store": describe_store(config.store),
-                    "upstreams": {upstream.name: upstream_name(upstream) for upstream in config.named_upstreams()},
+                    **upstreams_named(config),
                 },
             )
             if on_ready is not None:

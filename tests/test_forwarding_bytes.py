@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -20,10 +21,12 @@ from aiohttp import web
 from gateway.protocol import jsonrpc
 from gateway.protocol.sse import SseParser
 from gateway.tasks.task_ids import map_task_ids
-from gateway.upstream.http import _decode_event
+from gateway.upstream.http import UpstreamLog, _decode_event
 from tests.conftest import start_gateway
 from tests.test_http_upstream import scripted
 from tests.wire import ACCEPT, MODERN, envelope
+
+LOG = UpstreamLog(logging.getLogger("tests.forwarding_bytes"), {"upstream": "default"})
 
 # Written as no serialiser of the gateway's would: spaces, `id` last, an escaped é, a trailing zero.
 PROGRESS = (
@@ -106,14 +109,14 @@ def test_the_sse_parser_hands_over_data_undecoded() -> None:
     events = [event for byte in range(len(frame)) for event in parser.feed(frame[byte : byte + 1])]
     assert [event.raw for event in events] == [PROGRESS]
     assert events[0].data == PROGRESS.decode()
-    (message,) = [_decode_event(event) for event in events]
+    (message,) = [_decode_event(event, LOG) for event in events]
     assert message is not None
     assert jsonrpc.encode(message) == PROGRESS
 
 
 def test_sse_data_that_is_not_utf8_is_read_as_text_and_relayed_as_utf8() -> None:
     (event,) = SseParser().feed(b'data: {"jsonrpc":"2.0","method":"m","params":{"x":"\xff"}}\n\n')
-    message = _decode_event(event)
+    message = _decode_event(event, LOG)
     assert message == {"jsonrpc": "2.0", "method": "m", "params": {"x": "\ufffd"}}
     assert jsonrpc.encode(message) == orjson.dumps(message)
 

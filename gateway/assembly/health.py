@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -31,6 +32,21 @@ class Health:
     """Each upstream's readiness, by name, for the endpoints that refuse requests while theirs is down."""
 
     readiness: dict[str, Readiness]
+    every: ReadinessSet
+    single: Readiness | None
+    """The one upstream's (`[upstream]`), whose /readyz body is its own as it always was."""
+
+    def statuses(self) -> object:
+        """/healthz's `upstream`: the one upstream's status, or each one's by name."""
+        if self.single is not None:
+            return self.single.state.status
+        return {name: each.state.status for name, each in self.readiness.items()}
+
+    def ready(self) -> tuple[dict[str, Any], bool]:
+        """/readyz's body, and whether it says ready (any or all upstreams: `[server] ready_when`)."""
+        if self.single is not None:
+            return self.single.state.body(), self.single.state.ready
+        return self.every.body(), self.every.ready
 
     def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
         """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
@@ -38,10 +54,9 @@ class Health:
         the link answers for an upstream that is down). The main endpoint is never refused here: the
         aggregate leaves an unusable upstream's tools out instead, and the single upstream's endpoint
         forwards as it always has."""
-        readiness = self.readiness.get(route) if route is not None else None
-        if readiness is None or route is None:
+        if route is None or (readiness := self.readiness.get(route)) is None:
             return lambda: None
-        name = route
+        name = route  # bound as a str for the closure
 
         def refusal() -> ProtocolError | None:
             state = readiness.state
@@ -55,12 +70,55 @@ def build_health(
     config: Config,
     routes: list[Route],
     stores: Stores,
-    sessions: Iterable[SessionRegistry],
-    tasks: Iterable[Tasks],
+    sessions: list[SessionRegistry],
+    tasks: list[Tasks],
     metrics: Metrics,
 ) -> Health:
-    every_sessions, every_tasks = list(sessions), list(tasks)
-    registry = every_tasks[0].registry
+    registry = tasks[0].registry
+    readiness = build_readiness(config, routes, metrics)
+    every = ReadinessSet(list(readiness.values()), config.server.ready_when)
+    health = Health(readiness, every, None if config.aggregating else next(iter(readiness.values())))
+    store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: registry.writes.down)
+    for each in tasks:
+        each.service.store_failed = store_health.failed
+    serving, started = asyncio.Event(), time.monotonic()
+
+    async def healthz(_: web.Request) -> web.Response:
+        body = {
+            "status": "ok" if serving.is_set() else "stopping",
+            "version": __version__,
+            "uptime_s": round(time.monotonic() - started, 3),
+            "upstream": health.statuses(),
+            "sessions": sum(len(each) for each in sessions),
+            "tasks": len(registry),
+        }
+        return json_response(body, 200 if serving.is_set() else 503)
+
+    async def readyz(_: web.Request) -> web.Response:
+        if not serving.is_set():
+            return json_response({"status": "stopping"}, 503)
+        if (problem := store_health.problem) is not None:
+            return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
+        body, ready = health.ready()
+        return json_response(body, 200 if ready else 503)
+
+    async def checking(_: web.Application) -> AsyncIterator[None]:
+        every.start()
+        store_health.start()
+        serving.set()
+        yield
+        serving.clear()
+        await every.stop()
+        await store_health.stop()
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.cleanup_ctx.append(checking)
+    return health
+
+
+def build_readiness(config: Config, routes: list[Route], metrics: Metrics) -> dict[str, Readiness]:
+    """Each upstream's readiness, by name; the aggregate's view of their tools follows it."""
     readiness = {
         route.config.upstream.name: Readiness(
             route.upstream,
@@ -73,52 +131,10 @@ def build_health(
         for route in routes
         if not isinstance(route.upstream, AggregateUpstream)
     }
-    readiness_set = ReadinessSet(list(readiness.values()), config.server.ready_when)
     for route in routes:
         if isinstance(aggregate := route.upstream, AggregateUpstream):
             wire_aggregate(aggregate, readiness)
-    store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: registry.writes.down)
-    for each in every_tasks:
-        each.service.store_failed = store_health.failed
-    serving = asyncio.Event()
-    started = time.monotonic()
-    single = None if config.aggregating else next(iter(readiness.values()))
-
-    async def healthz(_: web.Request) -> web.Response:
-        body = {
-            "status": "ok" if serving.is_set() else "stopping",
-            "version": __version__,
-            "uptime_s": round(time.monotonic() - started, 3),
-            "upstream": single.state.status
-            if single is not None
-            else {name: each.state.status for name, each in readiness.items()},
-            "sessions": sum(len(each) for each in every_sessions),
-            "tasks": len(registry),
-        }
-        return json_response(body, 200 if serving.is_set() else 503)
-
-    async def readyz(_: web.Request) -> web.Response:
-        if not serving.is_set():
-            return json_response({"status": "stopping"}, 503)
-        if (problem := store_health.problem) is not None:
-            return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
-        if single is not None:
-            return json_response(single.state.body(), 200 if single.state.ready else 503)
-        return json_response(readiness_set.body(), 200 if readiness_set.ready else 503)
-
-    async def checking(_: web.Application) -> AsyncIterator[None]:
-        readiness_set.start()
-        store_health.start()
-        serving.set()
-        yield
-        serving.clear()
-        await readiness_set.stop()
-        await store_health.stop()
-
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.cleanup_ctx.append(checking)
-    return Health(readiness)
+    return readiness
 
 
 def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> None:
