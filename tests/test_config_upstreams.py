@@ -332,6 +332,12 @@ def test_malformed_serve_upstream_flags_are_usage_errors(
     assert exited.value.code == 2 and error in capsys.readouterr().err
 
 
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m gateway check-config PATH`, to its end."""
+    command = [sys.executable, "-m", "gateway", "check-config", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
 def test_check_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(
@@ -339,13 +345,7 @@ def test_check_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
         + "[[upstreams]]\nname = 'time'\ncommand = 'x'\n[[upstreams]]\nname = 'Bad'\ncommand = 'x'\n"
         + "[server]\nname_separator = '-'\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    run = check_config(bad)
     assert run.returncode == 2 and run.stdout == ""
     assert "server.name_separator: Value error, '-' holds only characters an upstream name may hold" in run.stderr
     assert "upstreams.4.name: Value error, 'Bad' is not an upstream name" in run.stderr
@@ -353,13 +353,7 @@ def test_check_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
     bad.write_text(
         THREE + "[[upstreams]]\nname = 'time'\ncommand = 'x'\n[[auth.rules]]\nmatch = 'a'\nupstream = 'tim'\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "gateway", "check-config", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
+    run = check_config(bad)
     assert run.returncode == 2
     assert run.stderr.strip() == (
         f"mcp-task-gateway: {bad}: upstreams.3.name: duplicate upstream name 'time' (upstreams.2 has it); "
