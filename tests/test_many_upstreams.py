@@ -241,6 +241,11 @@ async def test_hosted_and_passthrough_tasks_are_streamed_and_listed_from_the_agg
         assert [event["seq"] for event in events] == list(range(len(events)))
         if progress:
             assert [e["payload"]["progress"] for e in events if e["type"].endswith(".progress")] == [1, 2]
+        # Each event says which upstream it came from: the task's creation, and what capture recorded.
+        upstream = tool.split("__", 1)[0]
+        assert events[0]["payload"]["upstream"] == upstream, events[0]
+        captured = [e for e in events if e["type"].endswith((".progress", ".log"))]
+        assert all(e["payload"]["upstream"] == upstream for e in captured), captured
     async with asyncio.timeout(WAIT), aiohttp.ClientSession() as http:
         client = WireClient(http, three.aggregate)  # tasks/list is a 2025-11-25 method
         await client.initialize()

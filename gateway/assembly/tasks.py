@@ -24,6 +24,7 @@ from gateway.tasks.passthrough import Passthrough
 from gateway.tasks.registry import Task, TaskRegistry
 from gateway.tasks.service import TaskService
 from gateway.tasks.takeover import take_over
+from gateway.upstream.aggregate.link import AggregateUpstream
 from gateway.upstream.base import Upstream
 
 REGISTRY = web.AppKey("registry", TaskRegistry)
@@ -70,6 +71,8 @@ def build_task_core(app: web.Application, config: Config, stores: Stores, metric
 
 def build_tasks(core: TaskCore, config: Config, upstream: Upstream, metrics: Metrics) -> Tasks:
     """The task parts of one endpoint, from its own config (`Config.for_route`) and upstream."""
+    if isinstance(upstream, AggregateUpstream):  # the aggregate's tasks are each one upstream's tool's
+        core.registry.upstream_of_tool = upstream.upstream_of
     passthrough = Passthrough(core.registry, upstream, config.tasks, metrics)
     service = TaskService(
         core.hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled

@@ -75,6 +75,11 @@ class AggregateUpstream(Upstream):
     def usable_upstreams(self) -> list[str]:
         return [name for name in self.names.upstreams if self.usable(name)]
 
+    def upstream_of(self, name: str) -> str | None:
+        """The upstream a prefixed tool (or prompt) name is, None for a name none owns."""
+        owned = self.names.split(name)
+        return owned[0] if owned is not None else None
+
     def warn_once(self, upstream: str, tool: str) -> None:
         if (upstream, tool) not in self._warned:
             self._warned.add((upstream, tool))
