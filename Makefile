@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 ARGS ?=
 
-.PHONY: venv run test test-fast conformance lint bench demo clean redis-server
+.PHONY: venv run test test-fast conformance lint bench demo clean redis-server chromium
 
 # The Tasks-capable upstream for tests/test_upstream_with_tasks.py (pinned; node_modules is git-ignored).
 SERVER_EVERYTHING := @modelcontextprotocol/server-everything@2026.8.31
@@ -89,6 +89,15 @@ redis-server:
 	  if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 
+# The /ui page's browser tests (tests/test_ui_browser.py) drive Debian's chromium through Playwright, which
+# downloads no browser of its own: install the package when /usr/bin/chromium is missing (as root, or
+# through sudo).
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make: /usr/bin/chromium is missing; install Chromium there (the browser tests drive it)" >&2; exit 1; }; \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 # `$(call timed,COMMAND)`: COMMAND, then the goal's wall time in one line, keeping COMMAND's exit status
 # (plain /bin/sh: `date +%s` and shell arithmetic).
 timed = @$(info $(1))start=$$(date +%s); $(1); status=$$?; \
@@ -98,7 +107,7 @@ timed = @$(info $(1))start=$$(date +%s); $(1); status=$$?; \
 # the processes they start): `make test WORKERS=0` runs everything in one process.
 WORKERS ?= 2
 
-test: $(TEST_STAMP) node_modules redis-server
+test: $(TEST_STAMP) node_modules redis-server chromium
 	$(call timed,$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile $(ARGS))
 
 # The fast lane: the tests that start no process (see tests/conftest.py, --in-process), on two
