@@ -1,0 +1,478 @@
+"""The /ui page in a real browser: Debian's chromium through Playwright, against real gateways.
+
+Issue 22's acceptance, each test asserting what it names (the DOM ids and the test hook
+`window.mcpTaskUi` are UI_CONTRACT's):
+
+* a live hosted task of the example server is listed within 1 s and its timeline holds every event, in
+  order, with no gap or duplicate: exactly what tasks/stream read directly returns;
+* a reload mid-task resumes after the last seq held ("resumed after N") and ends with the same timeline;
+* an input_required task is answered from the page's form (the task completes with that answer), and a
+  task cancelled from the page ends cancelled;
+* with two API keys each key sees only its own tasks, and the other's task link shows "no such task"
+  exactly as an unknown id does; the key travels only in the Authorization header, kept in sessionStorage;
+* a finished task of 100,000 events: scrolling to the top reaches its oldest event, every interaction
+  answers within INTERACTION_MS (measured in the page: from the input to the next frame painted) and the
+  JS heap stays under HEAP_BOUND_BYTES;
+* with small retention the page shows events_gone with the earliest retained seq and loads from there;
+* the README's screenshot (docs/ui-timeline.png) is written by a test.
+
+One browser serves the module; each test has a context (cookies, sessionStorage) of its own. Three
+gateways: one on a SQLite file holding the 100,000-event task (auth off, on loopback), one with two API
+keys, one with small retention. Every wait is bounded and waits on the page or the gateway, never a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import struct
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+from playwright.async_api import Browser, BrowserContext, ConsoleMessage, Page, Request
+
+from gateway.client import GatewayClient
+from tests.browser import VIEWPORT, WAIT_MS, UiHook, direct_events, fill_finished_task, launch_chromium
+from tests.conftest import EXAMPLE_SERVER, ROOT, RunningGateway, start_gateway
+from tests.test_auth_api_key import KEY_A, KEY_B, TWO_KEYS, bearer
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+BIG_TASK_EVENTS = 100_000
+"""Progress events of the big task (with its task.created, task.status and task.terminal: 100,003)."""
+INTERACTION_MS = 100.0
+"""Every interaction must answer (its next frame painted) within this, measured in the page."""
+HEAP_BOUND_BYTES = 64 * 1024 * 1024
+"""The documented bound on the page's JS heap (used size) with a task of 100,000 events (README)."""
+MAX_RENDERED_EVENTS = 500
+"""The timeline renders only what is on screen (plus a margin): far fewer rows than a window holds."""
+MAX_HELD_EVENTS = 5_000
+"""UI_CONTRACT: the view holds at most this many events in memory."""
+SMALL_RETENTION = 8
+"""[retention] max_events_per_task of the events_gone gateway."""
+SCREENSHOT = ROOT / "docs" / "ui-timeline.png"
+ELICITATION = {"elicitation": {"form": {}}}
+TOKEN_KEY = "mcpTaskGatewayToken"
+
+
+# -- browser and gateways -------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with launch_chromium() as launched:
+        yield launched
+
+
+class PageProblems:
+    """What a page must never do: throw uncaught, or be refused by its own Content-Security-Policy
+    (an inline script or style would be)."""
+
+    def __init__(self, page: Page) -> None:
+        self.found: list[str] = []
+        page.on("pageerror", lambda error: self.found.append(f"uncaught: {error}"))
+        page.on("console", self._console)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type == "error" and "Content Security Policy" in message.text:
+            self.found.append(f"CSP: {message.text}")
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def context(browser: Browser) -> AsyncIterator[BrowserContext]:
+    """A fresh context (its own sessionStorage) at the README screenshot's size."""
+    fresh = await browser.new_context(viewport=VIEWPORT)
+    fresh.set_default_timeout(WAIT_MS)
+    try:
+        yield fresh
+    finally:
+        await fresh.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(context: BrowserContext) -> AsyncIterator[Page]:
+    opened = await context.new_page()
+    problems = PageProblems(opened)
+    opened.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))  # a confirm() before cancelling
+    yield opened
+    assert not problems.found, problems.found
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def big_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A SQLite store file holding a finished task of BIG_TASK_EVENTS progress events (owner: anonymous)."""
+    path = tmp_path_factory.mktemp("ui-store") / "gateway.db"
+    return path, await fill_finished_task(path, BIG_TASK_EVENTS)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw(big_task: tuple[Path, str]) -> AsyncIterator[RunningGateway]:
+    """Auth off, on loopback, in front of the example server, on the store file holding the big task."""
+    path, _ = big_task
+    config = f'[store]\npath = "{path}"\n\n[retention]\nmax_events_per_task = {2 * BIG_TASK_EVENTS}\n'
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway:
+        yield gateway
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw_keys() -> AsyncIterator[RunningGateway]:
+    """[auth] mode = "api_key" with principals a (KEY_A) and b (KEY_B)."""
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=TWO_KEYS) as gateway:
+        yield gateway
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gw_small() -> AsyncIterator[RunningGateway]:
+    """Retention of SMALL_RETENTION events per task: a task's early events are dropped while it runs."""
+    config = f"[retention]\nmax_events_per_task = {SMALL_RETENTION}\n"
+    async with start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=config) as gateway:
+        yield gateway
+
+
+def view_url(gateway: RunningGateway, task_id: str) -> str:
+    """The task view's shareable link."""
+    return f"{gateway.base}/ui#/task/{task_id}"
+
+
+async def open_view(page: Page, gateway: RunningGateway, task_id: str) -> UiHook:
+    await page.goto(view_url(gateway, task_id))
+    await page.locator(f'section#task-view[data-task-id="{task_id}"]').wait_for()
+    return UiHook(page)
+
+
+async def sign_in(page: Page, gateway: RunningGateway, key: str) -> None:
+    """Open the list and give the page's prompt `key`."""
+    await page.goto(f"{gateway.base}/ui")
+    await page.locator("form#auth-form").wait_for()
+    await page.locator("#auth-token").fill(key)
+    await page.locator("#auth-submit").click()
+    await page.locator("form#auth-form").wait_for(state="hidden")
+
+
+async def task_status(url: str, task_id: str, headers: dict[str, str] | None = None) -> str:
+    async with GatewayClient(url, headers=headers) as client:
+        status: str = (await client.get_task(task_id))["result"]["status"]
+        return status
+
+
+def kind(event_type: str) -> str:
+    """An event type without the gateway's vendor prefix (`io.github.mcp-task-gateway.progress` -> progress)."""
+    return event_type.removeprefix("io.github.mcp-task-gateway.")
+
+
+# -- a live task ----------------------------------------------------------------------------------
+
+
+async def test_a_live_task_is_listed_within_a_second_and_its_timeline_is_the_stream(
+    gw: RunningGateway, page: Page
+) -> None:
+    await page.goto(f"{gw.base}/ui")
+    await page.locator("section#list-view table#task-list").wait_for()
+    assert await page.locator("form#auth-form").is_hidden(), "auth is off on loopback: no prompt"
+    async with GatewayClient(gw.url) as client:
+        task_id = await client.start_task("slow_build", {"steps": 10, "delay": 0.3})
+        assert task_id is not None
+        row = page.locator(f'#task-list tbody tr[data-task-id="{task_id}"]')
+        await row.wait_for(timeout=1000)  # the list shows a new task within 1 s
+        assert "slow_build" in await row.locator("td.tool").inner_text()
+
+        await row.locator(f'td.task-id a[href="#/task/{task_id}"]').click()
+        ui = UiHook(page)
+        await page.locator(f'section#task-view[data-task-id="{task_id}"]').wait_for()
+        # Live: the page holds a progress event while the gateway still says the task works.
+        await ui.wait_for("ui.events().some(e => e.type.endsWith('.progress'))")
+        assert (await client.get_task(task_id))["result"]["status"] == "working"
+        await ui.wait_for_state("ended")
+
+    held = await ui.events()
+    direct = await direct_events(gw.url, task_id)
+    assert held == direct, f"page {held}\ndirect {direct}"
+    assert [seq for seq, _ in held] == list(range(len(held))), "a gap or a duplicate"
+    assert "completed" in await page.locator("#task-status").inner_text()
+    assert "built 10 steps" in await page.locator("#task-outcome").inner_text()
+    await page.locator(f'#timeline .event[data-seq="{held[-1][0]}"]').wait_for()
+
+    # Back on the list, the row shows the task's end (the list updates itself).
+    await page.goto(f"{gw.base}/ui#/")
+    await page.locator(f'#task-list tr[data-task-id="{task_id}"][data-status="completed"]').wait_for()
+
+
+async def test_a_reload_resumes_after_the_last_seq_held(gw: RunningGateway, page: Page) -> None:
+    async with GatewayClient(gw.url) as client:
+        # slow_build: task.created (0), "build started" (1), then per step i a progress (2i) and a log (2i + 1).
+        task_id = await client.start_task("slow_build", {"steps": 8, "delay": 0.5})
+        assert task_id is not None
+        ui = await open_view(page, gw, task_id)
+        await ui.wait_for("ui.lastSeq() === 5")  # step 2 done; step 3 is half a second away
+        held_at_reload = await ui.last_seq()
+        await page.reload()
+        notice = page.locator("#stream-notice")
+        await page.wait_for_function(
+            "() => /resumed after [0-9,]+/.test(document.getElementById('stream-notice')?.textContent ?? '')"
+        )
+        resumed = re.search(r"resumed after ([0-9,]+)", await notice.inner_text())
+        assert resumed is not None
+        assert int(resumed.group(1).replace(",", "")) == held_at_reload
+        await ui.wait_for_state("ended")
+        assert (await client.get_task(task_id))["result"]["status"] == "completed"
+
+    held = await ui.events()
+    assert held == await direct_events(gw.url, task_id), held
+
+
+# -- input and cancel -----------------------------------------------------------------------------
+
+
+async def test_an_input_required_task_is_answered_from_the_form(gw: RunningGateway, page: Page) -> None:
+    # The creating client opens no GET stream: the question waits for the page's tasks/result.
+    async with GatewayClient(gw.url, capabilities=ELICITATION) as creator:
+        task_id = await creator.start_task("deploy", {"environment": "ui-staging", "delay": 0.05})
+        assert task_id is not None
+        ui = await open_view(page, gw, task_id)
+        form = page.locator("form#input-form")
+        await form.wait_for(state="visible")
+        assert "input_required" in await page.locator("#task-status").inner_text()
+        confirm = form.locator('input[name="confirm"]')
+        note = form.locator('[name="note"]')
+        assert await confirm.get_attribute("type") == "checkbox"  # a boolean property
+        for control in (confirm, note):
+            assert await control.evaluate("el => el.labels.length > 0 || !!el.getAttribute('aria-label')")
+        await confirm.check()
+        await note.fill("from the page")
+        await page.locator("#input-submit").click()
+        await ui.wait_for_state("ended")
+        assert await form.is_hidden()
+        outcome = await creator.task_result(task_id)
+
+    assert outcome["content"][0]["text"] == "deployed to ui-staging", outcome
+    assert "deployed to ui-staging" in await page.locator("#task-outcome").inner_text()
+    async with GatewayClient(gw.url) as reader, asyncio.timeout(WAIT_MS / 1000):
+        events = [event async for event in reader.stream(task_id)]
+    answered = [event["payload"] for event in events if kind(event["type"]) == "input.answered"]
+    assert [payload["action"] for payload in answered] == ["accept"], answered
+    assert b"deploying to ui-staging (from the page)" in orjson.dumps(events), "the note did not reach the tool"
+
+
+async def test_a_task_cancelled_from_the_page_ends_cancelled(gw: RunningGateway, page: Page) -> None:
+    async with GatewayClient(gw.url) as client:
+        task_id = await client.start_task("slow_build", {"steps": 100, "delay": 0.1})
+        assert task_id is not None
+        ui = await open_view(page, gw, task_id)
+        cancel = page.locator("button#cancel-task")
+        await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
+        assert await cancel.is_enabled()
+        await cancel.click()
+        await page.wait_for_function(
+            "() => (document.getElementById('task-status')?.textContent ?? '').includes('cancelled')"
+        )
+        await ui.wait_for_state("ended")
+        assert (await client.get_task(task_id))["result"]["status"] == "cancelled"
+    assert await cancel.is_disabled()
+
+
+# -- principals -----------------------------------------------------------------------------------
+
+
+async def test_each_key_sees_only_its_own_tasks_and_a_foreign_link_is_no_such_task(
+    gw_keys: RunningGateway, browser: Browser
+) -> None:
+    tasks: dict[str, str] = {}
+    for key in (KEY_A, KEY_B):
+        async with GatewayClient(gw_keys.url, headers=bearer(key)) as client:
+            task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0})
+            assert task_id is not None
+            tasks[key] = task_id
+
+    for own, other in ((KEY_A, KEY_B), (KEY_B, KEY_A)):
+        context = await browser.new_context(viewport=VIEWPORT)
+        try:
+            page = await context.new_page()
+            problems = PageProblems(page)
+            await sign_in(page, gw_keys, own)
+            await page.locator(f'#task-list tr[data-task-id="{tasks[own]}"]').wait_for()
+            listed = await page.locator("#task-list tbody tr[data-task-id]").evaluate_all(
+                "rows => rows.map(row => row.dataset.taskId)"
+            )
+            assert tasks[other] not in listed, listed
+
+            foreign = await not_found_view(page, gw_keys, tasks[other])
+            unknown = await not_found_view(page, gw_keys, uuid.uuid4().hex)
+            assert foreign == unknown, "another principal's task must look exactly like an unknown one"
+            assert not problems.found, problems.found
+        finally:
+            await context.close()
+
+
+async def not_found_view(page: Page, gateway: RunningGateway, task_id: str) -> str:
+    """The task view's text for a task the page may not see (the id replaced, to compare two views)."""
+    await page.goto(view_url(gateway, task_id))
+    view = page.locator(f'section#task-view[data-task-id="{task_id}"]')
+    await view.wait_for()
+    not_found = page.locator("#not-found")
+    await not_found.wait_for(state="visible")
+    assert "no such task" in await not_found.inner_text()
+    return (await view.inner_text()).replace(task_id, "<id>")
+
+
+async def test_the_key_goes_only_in_the_authorization_header_and_stays_in_session_storage(
+    gw_keys: RunningGateway, page: Page
+) -> None:
+    requests: list[Request] = []
+    page.on("request", requests.append)
+    async with GatewayClient(gw_keys.url, headers=bearer(KEY_A)) as client:
+        task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0})
+        assert task_id is not None
+        await client.task_result(task_id)
+    await sign_in(page, gw_keys, KEY_A)
+    await page.locator(f'#task-list tr[data-task-id="{task_id}"]').wait_for()
+    ui = await open_view(page, gw_keys, task_id)
+    await ui.wait_for_state("ended")
+
+    assert await page.evaluate(f"() => sessionStorage.getItem({TOKEN_KEY!r})") == KEY_A
+    assert KEY_A not in await page.evaluate("() => JSON.stringify(localStorage) + document.cookie")
+    assert KEY_A not in page.url
+    assert all(KEY_A not in request.url for request in requests), [request.url for request in requests]
+    mcp_posts = [request for request in requests if request.method == "POST" and request.url.endswith("/mcp")]
+    assert mcp_posts, [request.url for request in requests]
+    for request in mcp_posts:
+        assert (await request.all_headers()).get("authorization") == f"Bearer {KEY_A}", request.url
+
+
+# -- a big task -----------------------------------------------------------------------------------
+
+SCROLL_TO_TOP = """async () => {
+    const timeline = document.getElementById('timeline');
+    const started = performance.now();
+    timeline.scrollTop = 0;
+    // The scroll is handled in the next frame; the frame after it shows what the handler did.
+    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    return performance.now() - started;
+}"""
+"""One interaction: the timeline scrolled to its top; milliseconds until the frame answering it."""
+
+TOGGLE_PAYLOAD = """async () => {
+    const summary = document.querySelector('#timeline .event details.event-payload > summary');
+    const started = performance.now();
+    summary.click();
+    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    return performance.now() - started;
+}"""
+"""One interaction: an event's JSON payload opened (or closed); milliseconds until the frame answering it."""
+
+WATCH_LONG_TASKS = """() => {
+    window.__longTasks = [];
+    new PerformanceObserver(list => {
+        for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
+    }).observe({type: 'longtask'});
+}"""
+
+FIRST_HELD_SEQ = "() => { const held = window.mcpTaskUi.events(); return held.length ? held[0].seq : null; }"
+
+
+async def heap_used(page: Page) -> int:
+    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain."""
+    session = await page.context.new_cdp_session(page)
+    try:
+        await session.send("Performance.enable")
+        metrics = await session.send("Performance.getMetrics")
+    finally:
+        await session.detach()
+    return int(next(metric["value"] for metric in metrics["metrics"] if metric["name"] == "JSHeapUsedSize"))
+
+
+async def test_a_big_task_scrolls_to_its_oldest_event_responsively_in_bounded_memory(
+    gw: RunningGateway, big_task: tuple[Path, str], page: Page
+) -> None:
+    _, task_id = big_task
+    ui = await open_view(page, gw, task_id)
+    await ui.wait_for_state("ended", timeout_ms=60_000)
+    await page.locator("#timeline .event").first.wait_for()
+    await page.evaluate(WATCH_LONG_TASKS)
+    heaps = [await heap_used(page)]
+    answers: list[float] = [await page.evaluate(TOGGLE_PAYLOAD)]
+    loads = 0
+    oldest = page.locator('#timeline .event[data-seq="0"]')
+    while not await oldest.count():
+        assert loads < BIG_TASK_EVENTS // 100, f"still no seq 0 after {loads} loads of older events"
+        first = await page.evaluate(FIRST_HELD_SEQ)
+        answers.append(await page.evaluate(SCROLL_TO_TOP))
+        # Older events load (or the oldest is on screen): the first held seq goes down.
+        await page.wait_for_function(
+            """first => document.querySelector('#timeline .event[data-seq="0"]') !== null
+                || (window.mcpTaskUi.events()[0]?.seq ?? first) < first""",
+            arg=first,
+        )
+        loads += 1
+        heaps.append(await heap_used(page))
+        held = await page.evaluate("() => window.mcpTaskUi.heldCount()")
+        assert held <= MAX_HELD_EVENTS, f"the view holds {held} events"
+        rendered = await page.locator("#timeline .event").count()
+        assert rendered <= MAX_RENDERED_EVENTS, f"{rendered} events rendered: the timeline is not windowed"
+    answers.append(await page.evaluate(TOGGLE_PAYLOAD))
+    long_tasks = await page.evaluate("() => window.__longTasks")
+
+    figures = (
+        f"{loads} loads; answers ms: median {statistics.median(answers):.1f}, max {max(answers):.1f}; "
+        f"heap MiB: max {max(heaps) / 2**20:.1f}; long tasks ms: {sorted(long_tasks)[-5:]}"
+    )
+    print(f"\nbig task ({BIG_TASK_EVENTS:,} events): {figures}")
+    assert max(answers) <= INTERACTION_MS, figures
+    assert max(heaps) < HEAP_BOUND_BYTES, figures
+
+
+# -- events_gone ----------------------------------------------------------------------------------
+
+
+async def test_events_gone_shows_the_earliest_retained_seq_and_loads_from_it(
+    gw_small: RunningGateway, page: Page
+) -> None:
+    async with GatewayClient(gw_small.url) as client:
+        task_id = await client.start_task("slow_build", {"steps": 12, "delay": 0.15})
+        assert task_id is not None
+        ui = await open_view(page, gw_small, task_id)
+        await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
+        # The page goes away (its tab keeps its sessionStorage) while retention drops what it has not seen.
+        await page.goto("about:blank")
+        await client.task_result(task_id)
+    direct = await direct_events(gw_small.url, task_id)
+    earliest = direct[0][0]
+    assert len(direct) == SMALL_RETENTION and earliest > 3, direct
+
+    await page.goto(view_url(gw_small, task_id))
+    gone = page.locator("#events-gone")
+    await gone.wait_for(state="visible")
+    assert re.search(rf"\b{earliest:,}\b", await gone.inner_text()), await gone.inner_text()
+    await page.locator("button#load-from-earliest").click()
+    await ui.wait_for(f"ui.events().length > 0 && ui.events()[0].seq === {earliest}")
+    await ui.wait_for_state("ended")
+    assert await ui.events() == direct
+
+
+# -- the README's screenshot ----------------------------------------------------------------------
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+async def test_the_readme_screenshot_is_a_finished_timeline(gw: RunningGateway, page: Page) -> None:
+    async with GatewayClient(gw.url) as client:
+        task_id = await client.start_task("run_tests", {"suite": "integration", "count": 6, "delay": 0.05})
+        assert task_id is not None
+        result: dict[str, Any] = await client.task_result(task_id)
+    ui = await open_view(page, gw, task_id)
+    await ui.wait_for_state("ended")
+    await page.locator("#task-outcome").wait_for(state="visible")
+    assert result["content"][0]["text"] in await page.locator("#task-outcome").inner_text()
+    shot = await page.screenshot()
+    assert png_size(shot) == (VIEWPORT["width"], VIEWPORT["height"])
+    await asyncio.to_thread(SCREENSHOT.write_bytes, shot)
