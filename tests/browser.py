@@ -7,7 +7,10 @@
   through the gateway's own registry, for a gateway then started on that file (100,000 events through an
   upstream take over 20 s; written here, about 2 s);
 * ``direct_events()``: a task's retained events read with tasks/stream by a client of the test's own, to
-  hold the page's timeline against.
+  hold the page's timeline against;
+* ``scroll_to_oldest()``: a big task's view scrolled to its top until its oldest event shows, each
+  interaction timed in the page and the JS heap sampled (the test asserts bounds on them,
+  bench/ui_timeline.py reports them).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +139,95 @@ def progress_notification(progress: int, total: int) -> dict[str, Any]:
         "method": "notifications/progress",
         "params": {"progressToken": 1, "progress": progress, "total": total, "message": f"item {progress}/{total}"},
     }
+
+
+SCROLL_TO_TOP = """async () => {
+    const timeline = document.getElementById('timeline');
+    const started = performance.now();
+    timeline.scrollTop = 0;
+    // The scroll is handled in the next frame; the frame after it shows what the handler did.
+    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    return performance.now() - started;
+}"""
+"""One interaction: the timeline scrolled to its top; milliseconds until the frame answering it."""
+
+TOGGLE_PAYLOAD = """async () => {
+    const summary = document.querySelector('#timeline .event details.event-payload > summary');
+    const started = performance.now();
+    summary.click();
+    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+    return performance.now() - started;
+}"""
+"""One interaction: an event's JSON payload opened (or closed); milliseconds until the frame answering it."""
+
+WATCH_LONG_TASKS = """() => {
+    window.__longTasks = [];
+    new PerformanceObserver(list => {
+        for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
+    }).observe({type: 'longtask'});
+}"""
+"""Collect the main thread's long tasks (over 50 ms) from now on, in `window.__longTasks`."""
+
+OLDER_LOADED = """first => document.querySelector('#timeline .event[data-seq="0"]') !== null
+    || (window.mcpTaskUi.events()[0]?.seq ?? first) < first"""
+"""Older events arrived (the first held seq went down), or the oldest is on screen."""
+
+
+async def heap_used(page: Page) -> int:
+    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain."""
+    session = await page.context.new_cdp_session(page)
+    try:
+        await session.send("Performance.enable")
+        metrics = await session.send("Performance.getMetrics")
+    finally:
+        await session.detach()
+    return int(next(metric["value"] for metric in metrics["metrics"] if metric["name"] == "JSHeapUsedSize"))
+
+
+@dataclass
+class ScrollFigures:
+    """What scrolling a big task's view back to its first event took."""
+
+    loads: int = 0
+    """Scrolls to the top that loaded older events."""
+    answers_ms: list[float] = field(default_factory=list)
+    """Each interaction's answer: from the input to the frame after the one that handled it."""
+    heaps: list[int] = field(default_factory=list)
+    """The JS heap in use (bytes) at the start and after each load."""
+    held: list[int] = field(default_factory=list)
+    """Events the view held in memory after each load."""
+    rendered: list[int] = field(default_factory=list)
+    """`.event` elements in the timeline after each load."""
+    long_tasks_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    """From the first scroll to the oldest event on screen."""
+
+
+async def scroll_to_oldest(page: Page, max_loads: int) -> ScrollFigures:
+    """Scroll the open task view's timeline to its top until `.event[data-seq="0"]` is on screen (at most
+    `max_loads` loads), opening a payload before and after; the view must have ended loading."""
+    figures = ScrollFigures()
+    await page.evaluate(WATCH_LONG_TASKS)
+    await sample(page, figures)
+    figures.answers_ms.append(await page.evaluate(TOGGLE_PAYLOAD))
+    oldest = page.locator('#timeline .event[data-seq="0"]')
+    started = time.perf_counter()
+    while not await oldest.count():
+        if figures.loads >= max_loads:
+            raise AssertionError(f"still no seq 0 after {figures.loads} loads of older events")
+        first = await page.evaluate("() => window.mcpTaskUi.events()[0]?.seq ?? null")
+        figures.answers_ms.append(await page.evaluate(SCROLL_TO_TOP))
+        await page.wait_for_function(OLDER_LOADED, arg=first, timeout=WAIT_MS)
+        figures.loads += 1
+        await sample(page, figures)
+    figures.seconds = time.perf_counter() - started
+    figures.answers_ms.append(await page.evaluate(TOGGLE_PAYLOAD))
+    figures.long_tasks_ms = [float(ms) for ms in await page.evaluate("() => window.__longTasks")]
+    return figures
+
+
+async def sample(page: Page, figures: ScrollFigures) -> None:
+    """The view's heap, held events and rendered events now."""
+    figures.heaps.append(await heap_used(page))
+    figures.held.append(int(await page.evaluate("() => window.mcpTaskUi.heldCount()")))
+    figures.rendered.append(await page.locator("#timeline .event").count())
