@@ -2,7 +2,7 @@
 
 `build_app` calls one builder per feature (`gateway.assembly`: metrics, stores, auth, upstream, sessions,
 tasks, edge, health); each owns its parts, routes, start and stop. Besides the MCP endpoint the app
-serves `/healthz` (liveness: 200 while the process serves), `/readyz` (readiness: 200 only while the
+serves `/ui` (the task timeline page: `gateway.assembly.ui`), `/healthz` (liveness: 200 while the process serves), `/readyz` (readiness: 200 only while the
 upstream is usable, see `gateway.readiness`) and `/metrics` (or, with `[server] metrics_listen`,
 `/metrics` only on that address: `gateway.metrics_listener`). `serve` binds the listeners and runs it.
 """
@@ -26,6 +26,7 @@ from gateway.assembly.routes import build_routes
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
 from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_tasks
+from gateway.assembly.ui import build_ui
 from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
@@ -60,6 +61,7 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
         build_endpoint(
             app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable
         )
+    build_ui(app, config, routes)
     return app
 
 

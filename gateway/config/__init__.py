@@ -33,6 +33,7 @@ from gateway.config.tasks import (
     TaskSupport,
     ToolTaskPolicy,
 )
+from gateway.config.ui import UI_PATH, UiConfig, ui_problems
 from gateway.config.upstream import (
     DEFAULT_UPSTREAM,
     UPSTREAM_NAME,
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_UPSTREAM",
     "MODERN_FOR_TASK_SUPPORT",
     "UNMATCHED_TOOL",
+    "UI_PATH",
     "UPSTREAM_NAME",
     "ApiKey",
     "AuthConfig",
@@ -77,6 +79,7 @@ __all__ = [
     "TaskSupport",
     "TasksConfig",
     "ToolTaskPolicy",
+    "UiConfig",
     "UpstreamAuthConfig",
     "UpstreamConfig",
     "check_claims",
@@ -85,6 +88,7 @@ __all__ = [
     "load_config",
     "parse_listen",
     "route_config",
+    "ui_problems",
     "unknown_key",
     "upstream_path",
     "url_host",

@@ -19,6 +19,7 @@ from gateway.config.section import Section
 from gateway.config.server import ServerConfig
 from gateway.config.store import StoreConfig
 from gateway.config.tasks import TasksConfig
+from gateway.config.ui import UiConfig, ui_problems
 from gateway.config.upstream import UpstreamConfig
 from gateway.config.upstreams import KeyProblems, require_entry_names, route_config, upstream_problems
 
@@ -36,6 +37,7 @@ class Config(Section):
     rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -44,7 +46,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _upstreams_consistent(self) -> Config:
-        problems = upstream_problems(self)
+        problems = upstream_problems(self) + ui_problems(self)
         if problems:
             raise KeyProblems(problems)
         return self

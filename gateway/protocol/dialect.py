@@ -24,6 +24,8 @@ from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 LOG_LEVEL_KEY = "io.modelcontextprotocol/logLevel"
 TASK_TOOL_KEY = "io.github.mcp-task-gateway/tool"
 """`_meta` key of each task `tasks/list` answers: the tool the task runs (for `mcp-task-gateway tasks list`)."""
+TASK_UPSTREAM_KEY = "io.github.mcp-task-gateway/upstream"
+"""`_meta` key of each task `tasks/list` answers with several upstreams: the upstream that runs it (for /ui)."""
 TASK_EVENT = "notifications/tasks/event"
 """SEP-2694's task event, the same in both eras; sent on the tasks/stream request that asked for it."""
 HOSTED_TASKS_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}

@@ -24,7 +24,7 @@ from typing import Any
 from gateway.config import RetentionConfig, TasksConfig
 from gateway.events.capture import TaskEvent
 from gateway.protocol import jsonrpc
-from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, Dialect, dialect_of, unknown_task
+from gateway.protocol.dialect import LEGACY, TASK_TOOL_KEY, TASK_UPSTREAM_KEY, Dialect, dialect_of, unknown_task
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.tasks.answers import (
@@ -330,11 +330,18 @@ class HostedTasks:
                 page = await self.registry.list_owned(caller.owner, cursor)
         if page is None:
             raise ProtocolError(jsonrpc.INVALID_PARAMS, "Invalid params: unknown cursor", request_id=request_id)
-        tasks = [{**caller.dialect.task(record), "_meta": {TASK_TOOL_KEY: record.tool}} for record in page.records]
+        tasks = [{**caller.dialect.task(record), "_meta": self._list_meta(record)} for record in page.records]
         result: dict[str, Any] = {"tasks": tasks}
         if page.next_cursor is not None:
             result["nextCursor"] = page.next_cursor
         return result
+
+    def _list_meta(self, record: TaskRecord) -> dict[str, str]:
+        """A listed task's tool, and with several upstreams the one that runs it (the /ui list shows both)."""
+        meta = {TASK_TOOL_KEY: record.tool}
+        if (upstream := self.registry.upstream_of(record)) is not None:
+            meta[TASK_UPSTREAM_KEY] = upstream
+        return meta
 
     async def cancel(self, task: Task, request_id: RequestId) -> None:
         if task.terminal:
