@@ -14,6 +14,7 @@ CONTENT_TYPES = {
     ".html": "text/html",
     ".js": "text/javascript",
     ".css": "text/css",
+    ".svg": "image/svg+xml",
 }
 """The static files' types by suffix; a file of any other suffix is not served."""
 

@@ -1,11 +1,16 @@
 // The task view: the live timeline (tasks/stream, resumed after the last seq on a drop or a reload),
 // progress, status, the outcome, cancel, and the answer form of an input_required task, in the era the
 // task asks in. It owns the view's connections and closes them when the view closes.
+//
+// It reads the task with 2026-07-28 requests (tasks/get, tasks/stream, tasks/cancel): they stand alone,
+// so the view opens at once. A 2025-11-25 session is opened only for what needs one: a 2025-11-25 task's
+// questions, which arrive on a tasks/result in a session (on a stdio upstream a session starts a process
+// of its own, which can take seconds).
 
 import { count, el, formatTime, relative, statusBadge, TERMINAL } from "./format.js";
 import { renderForm, readForm } from "./form.js";
 import { EventWindow, MAX_HELD, TimelineList, shortType } from "./timeline.js";
-import { AuthNeeded, Dropped, MODERN, RpcError } from "./wire.js";
+import { AuthNeeded, Dropped, LEGACY, MODERN, RpcError } from "./wire.js";
 
 const LOAD_WINDOW = 1000; // events read per scroll-load: enough to fill many screens, quick to read
 const LOAD_MARGIN = 200; // read this many before the first missing row, so scrolling up finds them held
@@ -26,6 +31,7 @@ export class TaskView {
     this.status = null;
     this.era = null;
     this.pendingInput = null;
+    this.watching = false;
     this.loading = false;
     this.saveTimer = 0;
     this.cursorKey = `mcpTaskUi.after:${ctx.endpoint}:${taskId}`;
@@ -65,7 +71,7 @@ export class TaskView {
     $("copy-link").addEventListener("click", this.onCopy);
     let task;
     try {
-      task = await this.ctx.wire.request("tasks/get", { taskId: this.taskId });
+      task = await this.ctx.wire.modern("tasks/get", { taskId: this.taskId });
     } catch (error) {
       return this.failed(error);
     }
@@ -77,7 +83,6 @@ export class TaskView {
     this.setStatus(task.status, task.statusMessage);
     const stored = sessionStorage.getItem(this.cursorKey);
     this.follow(stored === null ? null : Number(stored));
-    this.watchResult();
   }
 
   close() {
@@ -142,11 +147,12 @@ export class TaskView {
             after = event.seq;
             this.live(event);
           },
-          { signal: controller.signal },
+          { era: MODERN, signal: controller.signal },
         );
-        const task = await this.ctx.wire.request("tasks/get", { taskId: this.taskId });
+        const task = await this.ctx.wire.modern("tasks/get", { taskId: this.taskId });
         this.setStatus(task.status, task.statusMessage);
         if (TERMINAL.has(task.status)) {
+          this.outcome(task);
           this.state = "ended";
           this.saveCursor();
           return;
@@ -154,13 +160,11 @@ export class TaskView {
       } catch (error) {
         if (this.closed || error.name === "AbortError") return;
         if (error instanceof RpcError && error.eventsGone) return this.gone(error.data.earliestSeq, after);
-        if (!(error instanceof Dropped) && !(error instanceof RpcError && error.streamActive)) {
-          return this.failed(error);
-        }
+        if (!(error instanceof Dropped)) return this.failed(error);
       } finally {
         this.controllers.delete(controller);
       }
-      // Dropped (or our previous stream is not gone yet on the server): wait, then resume after the last seq.
+      // Dropped: wait, then resume after the last seq.
       await sleep(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)]);
       this.state = "loading";
       this.ctx.notice(after === null ? "reconnecting…" : `resumed after ${count(after)}`);
@@ -222,7 +226,10 @@ export class TaskView {
     $("task-status").replaceChildren(statusBadge(status));
     $("status-message").textContent = message ?? "";
     $("cancel-task").disabled = TERMINAL.has(status);
-    if (changed && status === "input_required") this.askModern();
+    if (changed && status === "input_required") {
+      if (this.era !== LEGACY) this.askModern();
+      if (this.era !== MODERN) this.watchResult();
+    }
     if (changed && status !== "input_required" && this.pendingInput) this.hideForm();
     if (TERMINAL.has(status) && this.list.head >= 0 && this.state !== "gone") this.list.schedule();
   }
@@ -297,33 +304,42 @@ export class TaskView {
   // -- input and outcome ---------------------------------------------------------------------------
 
   /**
-   * 2025-11-25: tasks/result in the page's session, until the outcome. While it waits, the gateway
-   * carries the task's server requests (elicitation/create) on it, which `serverRequest` answers.
+   * 2025-11-25: a tasks/result in the page's session while the task waits for input. The gateway carries
+   * the task's server requests (elicitation/create) on it, which `serverRequest` answers; it returns once
+   * the task ends (the outcome is read with tasks/get).
    */
   async watchResult() {
+    if (this.watching) return;
+    this.watching = true;
     let attempt = 0;
-    while (!this.closed) {
+    while (!this.closed && !TERMINAL.has(this.status)) {
       const controller = this.controller();
       try {
-        const result = await this.ctx.wire.request("tasks/result", { taskId: this.taskId }, { signal: controller.signal });
-        return this.outcome(result, null);
+        await this.ctx.wire.request("tasks/result", { taskId: this.taskId }, { signal: controller.signal });
+        break;
       } catch (error) {
-        if (this.closed || error.name === "AbortError") return;
+        if (this.closed || error.name === "AbortError") break;
         if (error instanceof AuthNeeded) return this.ctx.authNeeded();
-        if (error instanceof RpcError) return this.outcome(null, error);
+        if (error instanceof RpcError) break; // the task ended in an error: tasks/get tells which
       } finally {
         this.controllers.delete(controller);
       }
       await sleep(RETRY_MS[Math.min(attempt++, RETRY_MS.length - 1)]);
     }
+    this.watching = false;
   }
 
-  outcome(result, error) {
+  /** The outcome of an ended task, from a 2026-07-28 tasks/get (which inlines it). */
+  outcome(task) {
     const box = $("task-outcome");
+    const result = task.result;
+    const error = task.error;
     box.hidden = false;
-    box.dataset.kind = error ? "error" : result?.isError ? "tool-error" : "result";
-    const parts = [el("h2", {}, error ? "Error" : result?.isError ? "Result (tool error)" : "Result")];
-    if (error) parts.push(el("p", { class: "error" }, `${error.code}: ${error.rpcMessage}`));
+    box.dataset.kind = error ? "error" : result?.isError ? "tool-error" : result ? "result" : task.status;
+    const title = error ? "Error" : result?.isError ? "Result (tool error)" : result ? "Result" : `Task ${task.status}`;
+    const parts = [el("h2", {}, title)];
+    if (error) parts.push(el("p", { class: "error" }, `${error.code}: ${error.message}`));
+    if (!error && !result && task.statusMessage) parts.push(el("p", {}, String(task.statusMessage)));
     for (const block of result?.content ?? []) {
       if (block.type === "text") parts.push(el("pre", { class: "content-text" }, String(block.text)));
       else parts.push(el("pre", { class: "content-other" }, JSON.stringify(block, null, 2)));
@@ -396,7 +412,7 @@ export class TaskView {
   async cancel() {
     $("cancel-task").disabled = true;
     try {
-      const task = await this.ctx.wire.request("tasks/cancel", { taskId: this.taskId });
+      const task = await this.ctx.wire.modern("tasks/cancel", { taskId: this.taskId });
       this.setStatus(task.status, task.statusMessage);
     } catch (error) {
       if (error instanceof AuthNeeded) return this.ctx.authNeeded();
@@ -411,7 +427,8 @@ export class TaskView {
       events: () => this.window.events.map(({ seq, type }) => ({ seq, type })),
       lastSeq: () => this.liveSeq,
       heldCount: () => this.window.events.length,
-      state: () => this.state,
+      // Still reading rows on screen (after a reload, say) counts as loading, even once the task ended.
+      state: () => (this.loading ? "loading" : this.state),
     };
   }
 }

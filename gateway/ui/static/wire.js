@@ -22,9 +22,6 @@ export class RpcError extends Error {
   get eventsGone() {
     return this.data?.reason === "events_gone";
   }
-  get streamActive() {
-    return this.code === -32602 && this.data?.reason === "stream_active";
-  }
 }
 
 /** The server wants credentials (401): the page asks for a token and tries again. */
