@@ -141,42 +141,39 @@ def progress_notification(progress: int, total: int) -> dict[str, Any]:
     }
 
 
-SCROLL_TO_TOP = """async () => {
-    const timeline = document.getElementById('timeline');
-    const started = performance.now();
-    timeline.scrollTop = 0;
-    // The scroll is handled in the next frame; the frame after it shows what the handler did.
-    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
-    return performance.now() - started;
-}"""
-"""One interaction: the timeline scrolled to its top; milliseconds until the frame answering it."""
-
-TOGGLE_PAYLOAD = """async () => {
-    const summary = document.querySelector('#timeline .event details.event-payload > summary');
-    const started = performance.now();
-    summary.click();
-    await new Promise(resolve => requestAnimationFrame(() => requestAnimationFrame(resolve)));
-    return performance.now() - started;
-}"""
-"""One interaction: an event's JSON payload opened (or closed); milliseconds until the frame answering it."""
-
-WATCH_LONG_TASKS = """() => {
+WATCH_INTERACTIONS = """() => {
+    // Each keydown and click answered: from the input's own time stamp (when the browser took it, so
+    // time the main thread was busy counts) to just after the next frame is painted.
+    window.__answers = [];
+    const answered = event => {
+        const input = event.timeStamp;
+        requestAnimationFrame(() => {
+            const channel = new MessageChannel();
+            channel.port1.onmessage = () => window.__answers.push(performance.now() - input);
+            channel.port2.postMessage(null);
+        });
+    };
+    window.addEventListener('keydown', answered, true);
+    window.addEventListener('click', answered, true);
     window.__longTasks = [];
     new PerformanceObserver(list => {
         for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
     }).observe({type: 'longtask'});
 }"""
-"""Collect the main thread's long tasks (over 50 ms) from now on, in `window.__longTasks`."""
+"""Time every interaction from now on (`window.__answers`, ms) and collect the main thread's long tasks."""
 
-OLDER_LOADED = """first => document.querySelector('#timeline .event[data-seq="0"]') !== null
-    || (window.mcpTaskUi.events()[0]?.seq ?? first) < first"""
-"""Older events arrived (the first held seq went down), or the oldest is on screen."""
+OLDEST_SHOWN = """() => document.querySelector('#timeline .event[data-seq="0"]') !== null
+    && window.mcpTaskUi.state() !== 'loading'"""
+"""The oldest event is on screen and nothing is loading."""
 
 
-async def heap_used(page: Page) -> int:
-    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain."""
+async def heap_used(page: Page, *, collect: bool = False) -> int:
+    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain; after a full
+    garbage collection with `collect` (what the page retains)."""
     session = await page.context.new_cdp_session(page)
     try:
+        if collect:
+            await session.send("HeapProfiler.collectGarbage")
         await session.send("Performance.enable")
         metrics = await session.send("Performance.getMetrics")
     finally:
@@ -188,40 +185,53 @@ async def heap_used(page: Page) -> int:
 class ScrollFigures:
     """What scrolling a big task's view back to its first event took."""
 
-    loads: int = 0
-    """Scrolls to the top that loaded older events."""
     answers_ms: list[float] = field(default_factory=list)
-    """Each interaction's answer: from the input to the frame after the one that handled it."""
+    """Each interaction's answer (keys and clicks): from the input to just after the next frame."""
     heaps: list[int] = field(default_factory=list)
-    """The JS heap in use (bytes) at the start and after each load."""
+    """The JS heap in use (bytes), sampled at each step as it is (garbage included)."""
+    retained: list[int] = field(default_factory=list)
+    """The JS heap in use (bytes) after a full collection, at the start and at the end."""
     held: list[int] = field(default_factory=list)
-    """Events the view held in memory after each load."""
+    """Events the view held in memory, sampled at each step."""
     rendered: list[int] = field(default_factory=list)
-    """`.event` elements in the timeline after each load."""
+    """`.event` elements in the timeline, sampled at each step."""
     long_tasks_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
-    """From the first scroll to the oldest event on screen."""
+    """From the Home key to the oldest event on screen."""
 
 
-async def scroll_to_oldest(page: Page, max_loads: int) -> ScrollFigures:
-    """Scroll the open task view's timeline to its top until `.event[data-seq="0"]` is on screen (at most
-    `max_loads` loads), opening a payload before and after; the view must have ended loading."""
+async def scroll_to_oldest(page: Page, max_probes: int = 2000) -> ScrollFigures:
+    """On the open task view (loaded, its newest events on screen): open a payload, page up through the
+    held events, press Home on the timeline to go to its first event, and press ArrowUp there (a probe
+    of how soon the page answers) until `.event[data-seq="0"]` is on screen and nothing loads (at most
+    `max_probes` presses); then open the first event's payload. Every key and click is timed."""
     figures = ScrollFigures()
-    await page.evaluate(WATCH_LONG_TASKS)
+    await page.evaluate(WATCH_INTERACTIONS)
+    figures.retained.append(await heap_used(page, collect=True))
     await sample(page, figures)
-    figures.answers_ms.append(await page.evaluate(TOGGLE_PAYLOAD))
-    oldest = page.locator('#timeline .event[data-seq="0"]')
+    timeline = page.locator("#timeline")
+    await timeline.locator(".event details.event-payload > summary").last.click()
+    await timeline.focus()
+    for _ in range(3):
+        await page.keyboard.press("PageUp")
+    await sample(page, figures)
     started = time.perf_counter()
-    while not await oldest.count():
-        if figures.loads >= max_loads:
-            raise AssertionError(f"still no seq 0 after {figures.loads} loads of older events")
-        first = await page.evaluate("() => window.mcpTaskUi.events()[0]?.seq ?? null")
-        figures.answers_ms.append(await page.evaluate(SCROLL_TO_TOP))
-        await page.wait_for_function(OLDER_LOADED, arg=first, timeout=WAIT_MS)
-        figures.loads += 1
-        await sample(page, figures)
+    await page.keyboard.press("Home")
+    oldest = asyncio.ensure_future(page.wait_for_function(OLDEST_SHOWN, timeout=WAIT_MS))
+    try:
+        for _ in range(max_probes):
+            if oldest.done():
+                break
+            await page.keyboard.press("ArrowUp")
+            await sample(page, figures)
+        await oldest
+    finally:
+        oldest.cancel()
     figures.seconds = time.perf_counter() - started
-    figures.answers_ms.append(await page.evaluate(TOGGLE_PAYLOAD))
+    await timeline.locator('.event[data-seq="0"] details.event-payload > summary').click()
+    await sample(page, figures)
+    figures.retained.append(await heap_used(page, collect=True))
+    figures.answers_ms = [float(ms) for ms in await page.evaluate("() => window.__answers")]
     figures.long_tasks_ms = [float(ms) for ms in await page.evaluate("() => window.__longTasks")]
     return figures
 
