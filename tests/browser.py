@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page, ViewportSize, async_playwright
 
 from gateway.assembly.stores import build_stores
 from gateway.client import GatewayClient
@@ -44,7 +44,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 WAIT_MS = 20_000
 """Milliseconds any single page step may take (a bounded Playwright wait; generous for a loaded machine)."""
 
-VIEWPORT = {"width": 1280, "height": 800}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
+"""The README screenshot's size."""
 
 
 @contextlib.asynccontextmanager
