@@ -1,10 +1,11 @@
 """Composition root: builds the gateway from a Config, feature by feature, and runs it on an aiohttp server.
 
 `build_app` calls one builder per feature (`gateway.assembly`: metrics, stores, auth, upstream, sessions,
-tasks, edge, health); each owns its parts, routes, start and stop. Besides the MCP endpoint the app
-serves `/ui` (the task timeline page: `gateway.assembly.ui`), `/healthz` (liveness: 200 while the process serves), `/readyz` (readiness: 200 only while the
-upstream is usable, see `gateway.readiness`) and `/metrics` (or, with `[server] metrics_listen`,
-`/metrics` only on that address: `gateway.metrics_listener`). `serve` binds the listeners and runs it.
+tasks, edge, health, ui); each owns its parts, routes, start and stop. Besides the MCP endpoint the app
+serves `/ui` (the task timeline page, `gateway.assembly.ui`), `/healthz` (liveness: 200 while the process
+serves), `/readyz` (readiness: 200 only while the upstream is usable, see `gateway.readiness`) and
+`/metrics` (or, with `[server] metrics_listen`, `/metrics` only on that address:
+`gateway.metrics_listener`). `serve` binds the listeners and runs it.
 """
 
 from __future__ import annotations

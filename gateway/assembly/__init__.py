@@ -11,5 +11,6 @@ stopped in reverse). `build_app` calls them in this order, which is the start-up
 - `sessions`: the legacy client sessions;
 - `tasks`: the task registry, hosted and pass-through tasks, owner leases and the task service;
 - `edge`: the MCP endpoint, the HTTP request context, the connection count;
-- `health`: readiness, the store's health, /healthz and /readyz (serving once everything has started).
+- `health`: readiness, the store's health, /healthz and /readyz (serving once everything has started);
+- `ui`: the task timeline page at /ui, its static files and /ui/config.json (`[ui]`; no start or stop).
 """

@@ -27,7 +27,8 @@ SECURITY_HEADERS = {
 def page_config(config: Config, routes: list[Route]) -> dict[str, Any]:
     """`/ui/config.json`: the endpoint the page talks to by default (`[server] path`), every endpoint it may
     choose (with several upstreams, the aggregate first, then each upstream's own), the auth mode."""
-    endpoints = [{"name": route.name or "all upstreams", "path": route.path} for route in routes]
+    main = "all upstreams" if config.aggregating else config.upstream.name
+    endpoints = [{"name": route.name or main, "path": route.path} for route in routes]
     endpoints.sort(key=lambda endpoint: endpoint["path"] != config.server.path)  # the default first
     return {"endpoint": config.server.path, "endpoints": endpoints, "auth": config.auth.mode, "version": __version__}
 

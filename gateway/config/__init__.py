@@ -49,8 +49,8 @@ from gateway.config.upstreams import KeyProblems, route_config, upstream_path
 __all__ = [
     "DEFAULT_UPSTREAM",
     "MODERN_FOR_TASK_SUPPORT",
-    "UNMATCHED_TOOL",
     "UI_PATH",
+    "UNMATCHED_TOOL",
     "UPSTREAM_NAME",
     "ApiKey",
     "AuthConfig",
