@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,9 @@ class UiHook:
         await self.wait_for(f"ui.state() === {state!r}", timeout_ms)
 
 
-async def direct_events(url: str, task_id: str, headers: Mapping[str, str] | None = None) -> list[tuple[int, str]]:
+async def direct_events(client: GatewayClient, task_id: str) -> list[tuple[int, str]]:
     """(seq, type) of the task's retained events, read with tasks/stream (no `after`: from the earliest)."""
-    async with GatewayClient(url, headers=headers) as client, asyncio.timeout(WAIT_MS / 1000):
+    async with asyncio.timeout(WAIT_MS / 1000):
         return [(int(event["seq"]), str(event["type"])) async for event in client.stream(task_id)]
 
 

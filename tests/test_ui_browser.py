@@ -138,6 +138,25 @@ async def gw_keys() -> AsyncIterator[RunningGateway]:
         yield gateway
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(gw: RunningGateway) -> AsyncIterator[GatewayClient]:
+    """The test's own 2025-11-25 session on `gw` (each session costs an upstream process: one for the
+    module). It declares form elicitation but opens no GET stream, so a task's question waits for the
+    page's tasks/result."""
+    async with GatewayClient(gw.url, capabilities=ELICITATION) as session:
+        yield session
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def keyed(gw_keys: RunningGateway) -> AsyncIterator[dict[str, GatewayClient]]:
+    """A session of the test's own on `gw_keys` for each key."""
+    async with (
+        GatewayClient(gw_keys.url, headers=bearer(KEY_A)) as a,
+        GatewayClient(gw_keys.url, headers=bearer(KEY_B)) as b,
+    ):
+        yield {KEY_A: a, KEY_B: b}
+
+
 def view_url(gateway: RunningGateway, task_id: str) -> str:
     """The task view's shareable link."""
     return f"{gateway.base}/ui#/task/{task_id}"
@@ -158,12 +177,6 @@ async def sign_in(page: Page, gateway: RunningGateway, key: str) -> None:
     await page.locator("form#auth-form").wait_for(state="hidden")
 
 
-async def task_status(url: str, task_id: str, headers: dict[str, str] | None = None) -> str:
-    async with GatewayClient(url, headers=headers) as client:
-        status: str = (await client.get_task(task_id))["result"]["status"]
-        return status
-
-
 def kind(event_type: str) -> str:
     """An event type without the gateway's vendor prefix (`io.github.mcp-task-gateway.progress` -> progress)."""
     return event_type.removeprefix("io.github.mcp-task-gateway.")
@@ -173,28 +186,27 @@ def kind(event_type: str) -> str:
 
 
 async def test_a_live_task_is_listed_within_a_second_and_its_timeline_is_the_stream(
-    gw: RunningGateway, page: Page
+    gw: RunningGateway, client: GatewayClient, page: Page
 ) -> None:
     await page.goto(f"{gw.base}/ui")
     await page.locator("section#list-view").wait_for()
     assert await page.locator("form#auth-form").is_hidden(), "auth is off on loopback: no prompt"
-    async with GatewayClient(gw.url) as client:
-        task_id = await client.start_task("slow_build", {"steps": 10, "delay": 0.3})
-        assert task_id is not None
-        row = page.locator(f'#task-list tbody tr[data-task-id="{task_id}"]')
-        await row.wait_for(timeout=1000)  # the list shows a new task within 1 s
-        assert "slow_build" in await row.locator("td.tool").inner_text()
+    task_id = await client.start_task("slow_build", {"steps": 10, "delay": 0.3})
+    assert task_id is not None
+    row = page.locator(f'#task-list tbody tr[data-task-id="{task_id}"]')
+    await row.wait_for(timeout=1000)  # the list shows a new task within 1 s
+    assert "slow_build" in await row.locator("td.tool").inner_text()
 
-        await row.locator(f'td.task-id a[href="#/task/{task_id}"]').click()
-        ui = UiHook(page)
-        await page.locator(f'section#task-view[data-task-id="{task_id}"]').wait_for()
-        # Live: the page holds a progress event while the gateway still says the task works.
-        await ui.wait_for("ui.events().some(e => e.type.endsWith('.progress'))")
-        assert (await client.get_task(task_id))["result"]["status"] == "working"
-        await ui.wait_for_state("ended")
+    await row.locator(f'td.task-id a[href="#/task/{task_id}"]').click()
+    ui = UiHook(page)
+    await page.locator(f'section#task-view[data-task-id="{task_id}"]').wait_for()
+    # Live: the page holds a progress event while the gateway still says the task works.
+    await ui.wait_for("ui.events().some(e => e.type.endsWith('.progress'))")
+    assert (await client.get_task(task_id))["result"]["status"] == "working"
+    await ui.wait_for_state("ended")
 
     held = await ui.events()
-    direct = await direct_events(gw.url, task_id)
+    direct = await direct_events(client, task_id)
     assert held == direct, f"page {held}\ndirect {direct}"
     assert [seq for seq, _ in held] == list(range(len(held))), "a gap or a duplicate"
     assert "completed" in await page.locator("#task-status").inner_text()
@@ -206,77 +218,78 @@ async def test_a_live_task_is_listed_within_a_second_and_its_timeline_is_the_str
     await page.locator(f'#task-list tr[data-task-id="{task_id}"][data-status="completed"]').wait_for()
 
 
-async def test_a_reload_resumes_after_the_last_seq_held(gw: RunningGateway, page: Page) -> None:
-    async with GatewayClient(gw.url) as client:
-        # slow_build: task.created (0), "build started" (1), then per step a progress and a log, DELAY apart:
-        # the page is reloaded just after an event, so the seq it holds then is the one it persisted.
-        task_id = await client.start_task("slow_build", {"steps": 5, "delay": 0.8})
-        assert task_id is not None
-        ui = await open_view(page, gw, task_id)
-        await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 3")
-        held_at_reload = await ui.last_seq()
-        await page.reload()
-        notice = page.locator("#stream-notice")
-        await page.wait_for_function(
-            "() => /resumed after [0-9,]+/.test(document.getElementById('stream-notice')?.textContent ?? '')"
-        )
-        resumed = re.search(r"resumed after ([0-9,]+)", await notice.inner_text())
-        assert resumed is not None
-        assert int(resumed.group(1).replace(",", "")) == held_at_reload
-        await ui.wait_for_state("ended")
-        assert (await client.get_task(task_id))["result"]["status"] == "completed"
+async def test_a_reload_resumes_after_the_last_seq_held(gw: RunningGateway, client: GatewayClient, page: Page) -> None:
+    # slow_build: task.created (0), "build started" (1), then per step a progress and a log, DELAY apart:
+    # the page is reloaded just after an event, so the seq it holds then is the one it persisted.
+    task_id = await client.start_task("slow_build", {"steps": 5, "delay": 0.8})
+    assert task_id is not None
+    ui = await open_view(page, gw, task_id)
+    await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 3")
+    held_at_reload = await ui.last_seq()
+    await page.reload()
+    notice = page.locator("#stream-notice")
+    await page.wait_for_function(
+        "() => /resumed after [0-9,]+/.test(document.getElementById('stream-notice')?.textContent ?? '')"
+    )
+    resumed = re.search(r"resumed after ([0-9,]+)", await notice.inner_text())
+    assert resumed is not None
+    assert int(resumed.group(1).replace(",", "")) == held_at_reload
+    await ui.wait_for_state("ended")
+    assert (await client.get_task(task_id))["result"]["status"] == "completed"
 
     held = await ui.events()
-    assert held == await direct_events(gw.url, task_id), held
+    assert held == await direct_events(client, task_id), held
 
 
 # -- input and cancel -----------------------------------------------------------------------------
 
 
-async def test_an_input_required_task_is_answered_from_the_form(gw: RunningGateway, page: Page) -> None:
+async def test_an_input_required_task_is_answered_from_the_form(
+    gw: RunningGateway, client: GatewayClient, page: Page
+) -> None:
     # The creating client opens no GET stream: the question waits for the page's tasks/result.
-    async with GatewayClient(gw.url, capabilities=ELICITATION) as creator:
-        task_id = await creator.start_task("deploy", {"environment": "ui-staging", "delay": 0.05})
-        assert task_id is not None
-        ui = await open_view(page, gw, task_id)
-        form = page.locator("form#input-form")
-        await form.wait_for(state="visible")
-        assert "input_required" in await page.locator("#task-status").inner_text()
-        confirm = form.locator('input[name="confirm"]')
-        note = form.locator('[name="note"]')
-        assert await confirm.get_attribute("type") == "checkbox"  # a boolean property
-        for control in (confirm, note):
-            assert await control.evaluate("el => el.labels.length > 0 || !!el.getAttribute('aria-label')")
-        await confirm.check()
-        await note.fill("from the page")
-        await page.locator("#input-submit").click()
-        await ui.wait_for_state("ended")
-        assert await form.is_hidden()
-        outcome = await creator.task_result(task_id)
+    task_id = await client.start_task("deploy", {"environment": "ui-staging", "delay": 0.05})
+    assert task_id is not None
+    ui = await open_view(page, gw, task_id)
+    form = page.locator("form#input-form")
+    await form.wait_for(state="visible")
+    assert "input_required" in await page.locator("#task-status").inner_text()
+    confirm = form.locator('input[name="confirm"]')
+    note = form.locator('[name="note"]')
+    assert await confirm.get_attribute("type") == "checkbox"  # a boolean property
+    for control in (confirm, note):
+        assert await control.evaluate("el => el.labels.length > 0 || !!el.getAttribute('aria-label')")
+    await confirm.check()
+    await note.fill("from the page")
+    await page.locator("#input-submit").click()
+    await ui.wait_for_state("ended")
+    assert await form.is_hidden()
+    outcome = await client.task_result(task_id)
 
     assert outcome["content"][0]["text"] == "deployed to ui-staging", outcome
     assert "deployed to ui-staging" in await page.locator("#task-outcome").inner_text()
-    async with GatewayClient(gw.url) as reader, asyncio.timeout(WAIT_MS / 1000):
-        events = [event async for event in reader.stream(task_id)]
+    async with asyncio.timeout(WAIT_MS / 1000):
+        events = [event async for event in client.stream(task_id)]
     answered = [event["payload"] for event in events if kind(event["type"]) == "input.answered"]
     assert [payload["action"] for payload in answered] == ["accept"], answered
     assert b"deploying to ui-staging (from the page)" in orjson.dumps(events), "the note did not reach the tool"
 
 
-async def test_a_task_cancelled_from_the_page_ends_cancelled(gw: RunningGateway, page: Page) -> None:
-    async with GatewayClient(gw.url) as client:
-        task_id = await client.start_task("slow_build", {"steps": 100, "delay": 0.1})
-        assert task_id is not None
-        ui = await open_view(page, gw, task_id)
-        cancel = page.locator("button#cancel-task")
-        await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
-        assert await cancel.is_enabled()
-        await cancel.click()
-        await page.wait_for_function(
-            "() => (document.getElementById('task-status')?.textContent ?? '').includes('cancelled')"
-        )
-        await ui.wait_for_state("ended")
-        assert (await client.get_task(task_id))["result"]["status"] == "cancelled"
+async def test_a_task_cancelled_from_the_page_ends_cancelled(
+    gw: RunningGateway, client: GatewayClient, page: Page
+) -> None:
+    task_id = await client.start_task("slow_build", {"steps": 100, "delay": 0.1})
+    assert task_id is not None
+    ui = await open_view(page, gw, task_id)
+    cancel = page.locator("button#cancel-task")
+    await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
+    assert await cancel.is_enabled()
+    await cancel.click()
+    await page.wait_for_function(
+        "() => (document.getElementById('task-status')?.textContent ?? '').includes('cancelled')"
+    )
+    await ui.wait_for_state("ended")
+    assert (await client.get_task(task_id))["result"]["status"] == "cancelled"
     assert await cancel.is_disabled()
 
 
@@ -284,14 +297,13 @@ async def test_a_task_cancelled_from_the_page_ends_cancelled(gw: RunningGateway,
 
 
 async def test_each_key_sees_only_its_own_tasks_and_a_foreign_link_is_no_such_task(
-    gw_keys: RunningGateway, browser: Browser
+    gw_keys: RunningGateway, keyed: dict[str, GatewayClient], browser: Browser
 ) -> None:
     tasks: dict[str, str] = {}
-    for key in (KEY_A, KEY_B):
-        async with GatewayClient(gw_keys.url, headers=bearer(key)) as client:
-            task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0})
-            assert task_id is not None
-            tasks[key] = task_id
+    for key, client in keyed.items():
+        task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0})
+        assert task_id is not None
+        tasks[key] = task_id
 
     for own, other in ((KEY_A, KEY_B), (KEY_B, KEY_A)):
         context = await browser.new_context(viewport=VIEWPORT)
@@ -325,14 +337,13 @@ async def not_found_view(page: Page, gateway: RunningGateway, task_id: str) -> s
 
 
 async def test_the_key_goes_only_in_the_authorization_header_and_stays_in_session_storage(
-    gw_keys: RunningGateway, page: Page
+    gw_keys: RunningGateway, keyed: dict[str, GatewayClient], page: Page
 ) -> None:
     requests: list[Request] = []
     page.on("request", lambda request: requests.append(request))
-    async with GatewayClient(gw_keys.url, headers=bearer(KEY_A)) as client:
-        task_id = await client.start_task("slow_build", {"steps": 1, "delay": 0})
-        assert task_id is not None
-        await client.task_result(task_id)
+    task_id = await keyed[KEY_A].start_task("slow_build", {"steps": 1, "delay": 0})
+    assert task_id is not None
+    await keyed[KEY_A].task_result(task_id)
     await sign_in(page, gw_keys, KEY_A)
     await page.locator(f'#task-list tr[data-task-id="{task_id}"]').wait_for()
     ui = await open_view(page, gw_keys, task_id)
@@ -377,18 +388,18 @@ async def test_a_big_task_scrolls_to_its_oldest_event_responsively_in_bounded_me
 
 
 async def test_events_gone_shows_the_earliest_retained_seq_and_loads_from_it(
-    gw_keys: RunningGateway, page: Page
+    gw_keys: RunningGateway, keyed: dict[str, GatewayClient], page: Page
 ) -> None:
+    client = keyed[KEY_A]
     await sign_in(page, gw_keys, KEY_A)
-    async with GatewayClient(gw_keys.url, headers=bearer(KEY_A)) as client:
-        task_id = await client.start_task("slow_build", {"steps": 12, "delay": 0.15})
-        assert task_id is not None
-        ui = await open_view(page, gw_keys, task_id)
-        await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
-        # The page goes away (its tab keeps its sessionStorage) while retention drops what it has not seen.
-        await page.goto("about:blank")
-        await client.task_result(task_id)
-    direct = await direct_events(gw_keys.url, task_id, bearer(KEY_A))
+    task_id = await client.start_task("slow_build", {"steps": 12, "delay": 0.15})
+    assert task_id is not None
+    ui = await open_view(page, gw_keys, task_id)
+    await ui.wait_for("ui.lastSeq() !== null && ui.lastSeq() >= 2")
+    # The page goes away (its tab keeps its sessionStorage) while retention drops what it has not seen.
+    await page.goto("about:blank")
+    await client.task_result(task_id)
+    direct = await direct_events(client, task_id)
     earliest = direct[0][0]
     assert len(direct) == SMALL_RETENTION and earliest > 3, direct
 
@@ -412,11 +423,12 @@ def png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-async def test_the_readme_screenshot_is_a_finished_timeline(gw: RunningGateway, page: Page) -> None:
-    async with GatewayClient(gw.url) as client:
-        task_id = await client.start_task("run_tests", {"suite": "integration", "count": 6, "delay": 0.05})
-        assert task_id is not None
-        result: dict[str, Any] = await client.task_result(task_id)
+async def test_the_readme_screenshot_is_a_finished_timeline(
+    gw: RunningGateway, client: GatewayClient, page: Page
+) -> None:
+    task_id = await client.start_task("run_tests", {"suite": "integration", "count": 6, "delay": 0.05})
+    assert task_id is not None
+    result: dict[str, Any] = await client.task_result(task_id)
     ui = await open_view(page, gw, task_id)
     await ui.wait_for_state("ended")
     await page.locator("#task-outcome").wait_for(state="visible")
