@@ -31,11 +31,13 @@ export class ListView {
   }
 
   show() {
-    this.section.hidden = false;
+    this.shown = true;
+    this.ctx.notice("connecting…");
     this.refresh();
   }
 
   hide() {
+    this.shown = false;
     this.section.hidden = true;
     clearTimeout(this.timer);
     this.timer = 0;
@@ -44,7 +46,7 @@ export class ListView {
   /** Read every page shown so far (the first `pages` of tasks/list), then draw, then come back. */
   async refresh() {
     clearTimeout(this.timer);
-    if (this.section.hidden) return;
+    if (!this.shown) return;
     try {
       const tasks = [];
       let cursor = null;
@@ -54,15 +56,22 @@ export class ListView {
         cursor = typeof result.nextCursor === "string" && result.nextCursor ? result.nextCursor : null;
         if (!cursor) break;
       }
+      if (!this.shown) return;
       this.tasks = tasks;
       this.nextCursor = cursor;
       this.render();
-      this.ctx.notice("");
+      if (this.section.hidden || this.failing) {
+        // Shown once it has something true to show (the session's first answer can take seconds).
+        this.section.hidden = false;
+        this.failing = false;
+        this.ctx.notice("");
+      }
     } catch (error) {
       if (error instanceof AuthNeeded) return this.ctx.authNeeded();
+      this.failing = true;
       this.ctx.notice(`cannot list tasks: ${error.message}; retrying`);
     }
-    if (!this.section.hidden) this.timer = setTimeout(() => this.refresh(), REFRESH_MS);
+    if (this.shown) this.timer = setTimeout(() => this.refresh(), REFRESH_MS);
   }
 
   render() {

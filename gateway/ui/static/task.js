@@ -12,8 +12,8 @@ import { renderForm, readForm } from "./form.js";
 import { EventWindow, MAX_HELD, TimelineList, shortType } from "./timeline.js";
 import { AuthNeeded, Dropped, LEGACY, MODERN, RpcError } from "./wire.js";
 
-const LOAD_WINDOW = 1000; // events read per scroll-load: enough to fill many screens, quick to read
-const LOAD_MARGIN = 200; // read this many before the first missing row, so scrolling up finds them held
+const LOAD_WINDOW = 400; // events read per scroll-load: many screens of rows, yet little work at a time
+const LOAD_MARGIN = 100; // read this many before the first missing row, so scrolling up finds them held
 const SAVE_MS = 200; // how often the resume cursor is written to sessionStorage
 const RETRY_MS = [200, 400, 800, 1600, 3200, 5000];
 
@@ -206,9 +206,19 @@ export class TaskView {
     }
   }
 
+  /** Show the latest progress once per frame: a replay of thousands of progress events draws it once. */
   progress(payload) {
-    const bar = $("task-progress");
     if (typeof payload.progress !== "number") return;
+    const pending = this.latestProgress;
+    this.latestProgress = payload;
+    if (!pending) requestAnimationFrame(() => this.drawProgress());
+  }
+
+  drawProgress() {
+    const payload = this.latestProgress;
+    this.latestProgress = null;
+    if (!payload || this.closed) return;
+    const bar = $("task-progress");
     if (typeof payload.total === "number" && payload.total > 0) {
       bar.max = payload.total;
       bar.value = Math.min(payload.progress, payload.total);

@@ -8,6 +8,7 @@ export const LEGACY = "2025-11-25";
 export const MODERN = "2026-07-28";
 export const TASK_EVENT = "notifications/tasks/event";
 const SESSION_HEADER = "Mcp-Session-Id";
+const YIELD_EVERY = 100; // events handled between two turns of the event loop while a stream catches up
 // Which param names the request in the 2026-07-28 Mcp-Name header (gateway/protocol/envelope.py NAME_PARAM).
 const NAME_PARAM = { "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId", "tasks/stream": "taskId" };
 
@@ -37,36 +38,42 @@ export class SseParser {
     this.data = [];
     this.event = "";
   }
-  feed(text) {
+  /**
+   * The events `text` completes, lazily: a chunk of megabytes is split only as far as its reader reads,
+   * so a reader that stops (aborted) or pauses (to let the page answer input) costs no more than that.
+   * Read each generator to its end, or drop the parser, before feeding it again.
+   */
+  *feed(text) {
     this.buffer += text;
-    const events = [];
+    const newline = /\r\n|\r|\n/g;
     let start = 0;
     for (;;) {
-      const match = /\r\n|\r|\n/g;
-      match.lastIndex = start;
-      const found = match.exec(this.buffer);
+      newline.lastIndex = start;
+      const found = newline.exec(this.buffer);
       // A lone \r at the end may be the first half of \r\n: wait for the next chunk.
       if (!found || (found[0] === "\r" && found.index === this.buffer.length - 1)) break;
-      this.line(this.buffer.slice(start, found.index), events);
+      const event = this.line(this.buffer.slice(start, found.index));
       start = found.index + found[0].length;
+      if (event) yield event;
     }
     this.buffer = this.buffer.slice(start);
-    return events;
   }
-  line(line, events) {
+  /** One line; the event it ends, if any. */
+  line(line) {
     if (line === "") {
-      if (this.data.length) events.push({ event: this.event || "message", data: this.data.join("\n") });
+      const event = this.data.length ? { event: this.event || "message", data: this.data.join("\n") } : null;
       this.data = [];
       this.event = "";
-      return;
+      return event;
     }
-    if (line.startsWith(":")) return; // a keep-alive comment
+    if (line.startsWith(":")) return null; // a keep-alive comment
     const colon = line.indexOf(":");
     const field = colon < 0 ? line : line.slice(0, colon);
     let value = colon < 0 ? "" : line.slice(colon + 1);
     if (value.startsWith(" ")) value = value.slice(1);
     if (field === "data") this.data.push(value);
     else if (field === "event") this.event = value;
+    return null;
   }
 }
 
@@ -275,7 +282,16 @@ export class Wire {
       params: era === MODERN ? envelope(params) : params,
     };
     const response = era === MODERN ? await this.send(message, MODERN, signal) : await this.post(message, signal);
+    let sinceYield = 0;
     for await (const incoming of messagesOf(response)) {
+      // One network chunk may hold thousands of events: stop at once when aborted (not after the chunk),
+      // and give the page a turn every YIELD_EVERY events so keys and scrolls are answered meanwhile.
+      signal?.throwIfAborted();
+      if (++sinceYield >= YIELD_EVERY) {
+        sinceYield = 0;
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        signal?.throwIfAborted();
+      }
       if (incoming.method === TASK_EVENT) {
         const event = incoming.params;
         if (event?.taskId === taskId && Number.isInteger(event.seq)) onEvent(event);
