@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, ViewportSize, async_playwright
+from playwright.async_api import Browser, CDPSession, Page, ViewportSize, async_playwright
 
 from gateway.assembly.stores import build_stores
 from gateway.client import GatewayClient
@@ -168,18 +168,25 @@ OLDEST_SHOWN = """() => document.querySelector('#timeline .event[data-seq="0"]')
 """The oldest event is on screen and nothing is loading."""
 
 
-async def heap_used(page: Page, *, collect: bool = False) -> int:
-    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain; after a full
-    garbage collection with `collect` (what the page retains)."""
-    session = await page.context.new_cdp_session(page)
-    try:
-        if collect:
-            await session.send("HeapProfiler.collectGarbage")
+class Heap:
+    """The page's JS heap in use (bytes), from the DevTools protocol's Performance domain, through one
+    DevTools session for the whole measurement (so sampling adds little work to the page's thread)."""
+
+    def __init__(self, session: CDPSession) -> None:
+        self.session = session
+
+    @classmethod
+    async def of(cls, page: Page) -> Heap:
+        session = await page.context.new_cdp_session(page)
         await session.send("Performance.enable")
-        metrics = await session.send("Performance.getMetrics")
-    finally:
-        await session.detach()
-    return int(next(metric["value"] for metric in metrics["metrics"] if metric["name"] == "JSHeapUsedSize"))
+        return cls(session)
+
+    async def used(self, *, collect: bool = False) -> int:
+        """Bytes in use now; after a full garbage collection with `collect` (what the page retains)."""
+        if collect:
+            await self.session.send("HeapProfiler.collectGarbage")
+        metrics = await self.session.send("Performance.getMetrics")
+        return int(next(metric["value"] for metric in metrics["metrics"] if metric["name"] == "JSHeapUsedSize"))
 
 
 @dataclass
@@ -208,14 +215,15 @@ async def scroll_to_oldest(page: Page, max_probes: int = 2000) -> ScrollFigures:
     `max_probes` presses); then open the first event's payload. Every key and click is timed."""
     figures = ScrollFigures()
     await page.evaluate(WATCH_INTERACTIONS)
-    figures.retained.append(await heap_used(page, collect=True))
-    await sample(page, figures)
+    heap = await Heap.of(page)
+    figures.retained.append(await heap.used(collect=True))
+    await sample(page, heap, figures)
     timeline = page.locator("#timeline")
     await timeline.locator(".event details.event-payload > summary").last.click()
     await timeline.focus()
     for _ in range(3):
         await page.keyboard.press("PageUp")
-    await sample(page, figures)
+    await sample(page, heap, figures)
     started = time.perf_counter()
     await page.keyboard.press("Home")
     oldest = asyncio.ensure_future(page.wait_for_function(OLDEST_SHOWN, timeout=WAIT_MS))
@@ -224,21 +232,22 @@ async def scroll_to_oldest(page: Page, max_probes: int = 2000) -> ScrollFigures:
             if oldest.done():
                 break
             await page.keyboard.press("ArrowUp")
-            await sample(page, figures)
+            await sample(page, heap, figures)
         await oldest
     finally:
         oldest.cancel()
     figures.seconds = time.perf_counter() - started
     await timeline.locator('.event[data-seq="0"] details.event-payload > summary').click()
-    await sample(page, figures)
-    figures.retained.append(await heap_used(page, collect=True))
+    await sample(page, heap, figures)
+    figures.retained.append(await heap.used(collect=True))
+    await heap.session.detach()
     figures.answers_ms = [float(ms) for ms in await page.evaluate("() => window.__answers")]
     figures.long_tasks_ms = [float(ms) for ms in await page.evaluate("() => window.__longTasks")]
     return figures
 
 
-async def sample(page: Page, figures: ScrollFigures) -> None:
+async def sample(page: Page, heap: Heap, figures: ScrollFigures) -> None:
     """The view's heap, held events and rendered events now."""
-    figures.heaps.append(await heap_used(page))
+    figures.heaps.append(await heap.used())
     figures.held.append(int(await page.evaluate("() => window.mcpTaskUi.heldCount()")))
     figures.rendered.append(await page.locator("#timeline .event").count())

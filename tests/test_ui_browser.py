@@ -239,9 +239,14 @@ async def test_a_live_task_is_listed_within_a_second_and_its_timeline_is_the_str
     assert "built 10 steps" in await page.locator("#task-outcome").inner_text()
     await page.locator(f'#timeline .event[data-seq="{held[-1][0]}"]').wait_for()
 
-    # Back on the list, the row shows the task's end (the list updates itself).
+    # Back on the list, the row shows the task's end (the list updates itself), and the filter by status.
     await page.goto(f"{gw.base}/ui#/")
+    row = page.locator(f'#task-list tr[data-task-id="{task_id}"]')
     await page.locator(f'#task-list tr[data-task-id="{task_id}"][data-status="completed"]').wait_for()
+    await page.locator("select#status-filter").select_option("working")
+    await row.wait_for(state="hidden")
+    await page.locator("select#status-filter").select_option("completed")
+    await row.wait_for()
 
 
 async def test_a_reload_resumes_after_the_last_seq_held(gw: RunningGateway, client: GatewayClient, page: Page) -> None:
