@@ -23,5 +23,7 @@ def ui_problems(config: Config) -> list[tuple[str, str]]:
     """An MCP endpoint path the page's own paths would shadow (or be shadowed by)."""
     path = config.server.path
     if config.ui.enabled and (path == UI_PATH or path.startswith(UI_PATH + "/")):
-        return [("server.path", f"{path!r} is where [ui] serves its page: choose another path or set [ui] enabled = false")]
+        return [
+            ("server.path", f"{path!r} is where [ui] serves its page: choose another path or set [ui] enabled = false")
+        ]
     return []
