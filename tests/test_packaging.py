@@ -365,3 +365,18 @@ def test_check_config_rejects_an_unknown_key(installed: Venv, tmp_path: Path, to
     assert done.returncode != 0, f"accepted a config with unknown key {key!r}:\n{done.stdout}\n{done.stderr}"
     assert key in done.stdout + done.stderr, f"the error does not name {key!r}:\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_ui_pages_files_are_installed(installed: Venv) -> None:
+    """The /ui page's static files are package data: a regular install serves the same files as the tree."""
+    done = subprocess.run(
+        [str(installed.bin / "python"), "-c", "import gateway.ui as ui; print(sorted(ui.static_files()))"],
+        cwd=installed.root,  # not the repo root: the installed package, never the tree's
+        env=installed.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    shipped = sorted(path.name for path in (ROOT / "gateway" / "ui" / "static").iterdir())
+    assert done.stdout.strip() == str(shipped), (done.stdout, shipped)
