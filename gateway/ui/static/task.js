@@ -45,7 +45,7 @@ export class TaskView {
     };
     this.onDecline = () => this.answer("decline");
     this.onEarliest = () => this.fromEarliest();
-    this.onCopy = () => navigator.clipboard?.writeText($("share-link").value).catch(() => {});
+    this.onCopy = () => this.copyLink();
     ctx.wire.onServerRequest = (request) => this.serverRequest(request);
   }
 
@@ -428,6 +428,19 @@ export class TaskView {
       if (error instanceof AuthNeeded) return this.ctx.authNeeded();
       this.ctx.notice(`cancel refused: ${error.message}`);
       $("cancel-task").disabled = TERMINAL.has(this.status);
+    }
+  }
+
+  /** Copy the task's link; where the clipboard is not offered (plain HTTP beyond loopback), select it. */
+  async copyLink() {
+    const input = $("share-link");
+    const button = $("copy-link");
+    try {
+      await navigator.clipboard.writeText(input.value);
+      button.textContent = "Copied";
+      setTimeout(() => (button.textContent = "Copy"), 1500);
+    } catch {
+      input.select();
     }
   }
 
