@@ -208,11 +208,11 @@ class ScrollFigures:
     """From the Home key to the oldest event on screen."""
 
 
-async def scroll_to_oldest(page: Page, max_probes: int = 2000) -> ScrollFigures:
+async def scroll_to_oldest(page: Page) -> ScrollFigures:
     """On the open task view (loaded, its newest events on screen): open a payload, page up through the
     held events, press Home on the timeline to go to its first event, and press ArrowUp there (a probe
-    of how soon the page answers) until `.event[data-seq="0"]` is on screen and nothing loads (at most
-    `max_probes` presses); then open the first event's payload. Every key and click is timed."""
+    of how soon the page answers, one after another) until `.event[data-seq="0"]` is on screen and
+    nothing loads (within WAIT_MS); then open the first event's payload. Every key and click is timed."""
     figures = ScrollFigures()
     await page.evaluate(WATCH_INTERACTIONS)
     heap = await Heap.of(page)
@@ -226,13 +226,15 @@ async def scroll_to_oldest(page: Page, max_probes: int = 2000) -> ScrollFigures:
     await sample(page, heap, figures)
     started = time.perf_counter()
     await page.keyboard.press("Home")
-    oldest = asyncio.ensure_future(page.wait_for_function(OLDEST_SHOWN, timeout=WAIT_MS))
+    # Polled every 100 ms and sampled every 10th probe: the measuring itself takes the page's thread.
+    oldest = asyncio.ensure_future(page.wait_for_function(OLDEST_SHOWN, polling=100, timeout=WAIT_MS))
     try:
-        for _ in range(max_probes):
-            if oldest.done():
-                break
+        probes = 0
+        while not oldest.done():  # bounded: the wait for the oldest row times out
             await page.keyboard.press("ArrowUp")
-            await sample(page, heap, figures)
+            probes += 1
+            if probes % 10 == 0:
+                await sample(page, heap, figures)
         await oldest
     finally:
         oldest.cancel()
