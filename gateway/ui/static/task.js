@@ -270,17 +270,29 @@ export class TaskView {
 
   // -- older (or skipped) events, read when scrolled to ---------------------------------------------
 
-  /** Read the held-nowhere rows `from`..`to` (on screen) with a tasks/stream of their own. */
+  /**
+   * Read the held-nowhere rows `from`..`to` (on screen) with a tasks/stream of their own. A load whose
+   * rows have left the screen meanwhile (a fling, or Home's animated scroll passing by) is dropped, and
+   * the next frame asks for what is on screen then.
+   */
   async loadRange(from, to) {
-    if (this.loading || this.closed) return;
+    if (this.closed) return;
+    if (this.loading) {
+      const [loadingFrom, loadingTo] = this.loadingRange;
+      if (to < loadingFrom - LOAD_MARGIN || from > loadingTo) this.loadingController.abort();
+      return;
+    }
     this.loading = true;
     const start = Math.max(this.list.earliest, from - LOAD_MARGIN);
     const first = this.window.first;
-    // Up to the held window when the rows are just before it, so the two join into one.
-    const want = first !== null && start < first && to < first ? first - start : LOAD_WINDOW;
+    // No further than the held window when the rows are just before it, so the two join into one.
+    const want = first !== null && start < first && to < first ? Math.min(LOAD_WINDOW, first - start) : LOAD_WINDOW;
     const after = start === 0 ? null : start - 1;
     const run = [];
     const controller = this.controller();
+    this.loadingController = controller;
+    this.loadingRange = [start, start + want - 1];
+    let complete = true;
     try {
       // A 2026-07-28 stream is one POST of its own: it runs beside the session's live stream of this task.
       await this.ctx.wire.stream(
@@ -288,13 +300,18 @@ export class TaskView {
         after,
         (event) => {
           run.push(event);
-          if (run.length >= want || (this.liveSeq !== null && event.seq >= this.liveSeq)) controller.abort();
+          if (run.length >= want || (this.liveSeq !== null && event.seq >= this.liveSeq)) {
+            complete = false; // enough: the abort that follows is ours, not a move
+            controller.abort();
+          }
         },
         { era: MODERN, signal: controller.signal },
       );
     } catch (error) {
       if (error instanceof RpcError && error.eventsGone) {
         this.list.earliest = error.data.earliestSeq; // retention moved on: those rows are gone for good
+      } else if (error.name === "AbortError" && complete) {
+        run.length = 0; // dropped: its rows left the screen
       } else if (error.name !== "AbortError") {
         this.ctx.notice(`cannot load events: ${error.message}`);
       }
