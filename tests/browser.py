@@ -163,6 +163,9 @@ WATCH_INTERACTIONS = """() => {
 }"""
 """Time every interaction from now on (`window.__answers`, ms) and collect the main thread's long tasks."""
 
+NEXT_FRAME = "() => new Promise(resolve => requestAnimationFrame(() => resolve(null)))"
+"""Resolves at the page's next frame."""
+
 OLDEST_SHOWN = """() => document.querySelector('#timeline .event[data-seq="0"]') !== null
     && window.mcpTaskUi.state() !== 'loading'"""
 """The oldest event is on screen and nothing is loading."""
@@ -211,7 +214,7 @@ class ScrollFigures:
 async def scroll_to_oldest(page: Page) -> ScrollFigures:
     """On the open task view (loaded, its newest events on screen): open a payload, page up through the
     held events, press Home on the timeline to go to its first event, and press ArrowUp there (a probe
-    of how soon the page answers, one after another) until `.event[data-seq="0"]` is on screen and
+    of how soon the page answers, one a frame) until `.event[data-seq="0"]` is on screen and
     nothing loads (within WAIT_MS); then open the first event's payload. Every key and click is timed."""
     figures = ScrollFigures()
     await page.evaluate(WATCH_INTERACTIONS)
@@ -232,6 +235,8 @@ async def scroll_to_oldest(page: Page) -> ScrollFigures:
         probes = 0
         while not oldest.done():  # bounded: the wait for the oldest row times out
             await page.keyboard.press("ArrowUp")
+            # One probe a frame (a flood of keys would time its own queue, not the page).
+            await page.evaluate(NEXT_FRAME)
             probes += 1
             if probes % 10 == 0:
                 await sample(page, heap, figures)
