@@ -35,7 +35,12 @@ DEFAULT_LIFETIME_S = 300.0
 
 
 class CredentialRefused(Exception):
-    """No credential for this call: the message says why in words fit for the client (no secret, no URL)."""
+    """No credential for this call: the message says why in words fit for the client (no secret, no URL);
+    `reason` is the error's `data.reason`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class UpstreamCredentials(Protocol):

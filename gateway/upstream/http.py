@@ -217,7 +217,7 @@ class HttpChannel(UpstreamChannel):
         try:
             authorization = await self._authorization(headers)
         except CredentialRefused as refused:
-            exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream credentials: {refused}")
+            exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream credentials: {refused}", {"reason": refused.reason})
             return
         request_headers = self._headers(headers, authorization, accept=ACCEPT_BOTH, with_session=not is_initialize)
         request_headers["Content-Type"] = JSON

@@ -35,6 +35,8 @@ from gateway.upstream.credentials import (
 log = logging.getLogger("gateway.upstream")
 
 TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
+EXCHANGE_FAILED = "token_exchange_failed"
+"""The `data.reason` of a call refused because its caller's token could not be exchanged."""
 
 
 class ExchangedTokens:
@@ -130,6 +132,6 @@ class TokenExchange:
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("token exchange at %s failed: %r", self._config.token_url, exc)
-            raise CredentialRefused("the token exchange for this caller failed") from None
+            raise CredentialRefused(EXCHANGE_FAILED, "the token exchange for this caller failed") from None
         self._tokens.put(caller.owner, token, lifetime)
         return token
