@@ -84,7 +84,7 @@ class UpstreamAuthConfig(Section):
     @model_validator(mode="after")
     def _complete(self) -> UpstreamAuthConfig:
         if self.mode != "none" and not (self.token_url and self.client_id and self.client_secret_env):
-            raise ValueError(f"mode = {self.mode!r} needs token_url, client_id and client_secret_env")
+            raise ValueError(f'mode = "{self.mode}" needs token_url, client_id and client_secret_env')
         return self
 
 
