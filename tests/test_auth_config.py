@@ -13,7 +13,10 @@ from gateway.config import ConfigError, load_config
 from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
 
 KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
-EXCHANGE = "[upstream.auth]\nmode = 'token_exchange'\ntoken_url = 'http://as/token'\nclient_id = 'gw'\nclient_secret_env = 'S'\n"
+EXCHANGE = (
+    "[upstream.auth]\nmode = 'token_exchange'\ntoken_url = 'http://as/token'\n"
+    "client_id = 'gw'\nclient_secret_env = 'S'\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +70,7 @@ EXCHANGE = "[upstream.auth]\nmode = 'token_exchange'\ntoken_url = 'http://as/tok
         ),
         (
             f"[upstream]\nurl = 'http://up/mcp'\n{EXCHANGE}",
-            "upstream 'default': auth.mode = \"token_exchange\" needs [auth] mode = \"oauth\"",
+            'upstream \'default\': auth.mode = "token_exchange" needs [auth] mode = "oauth"',
         ),
     ],
 )

@@ -195,14 +195,17 @@ async def test_a_refused_exchange_fails_the_call_and_nothing_goes_upstream(stack
 
 
 async def test_an_expired_exchanged_token_is_exchanged_again(tmp_path: Path, example_http_url: str) -> None:
-    async with asyncio.timeout(50), exchange_stack(tmp_path, example_http_url, 2) as short:
-        async with client_as(short, "caller-a", MODERN) as (client, _):
-            await echo(client, "first")
-            first = short.calls()[-1].claims()
-            # The exchanged token lasts 2 s, kept for 1.6 s: the calls go on until one carries a new one.
-            while (latest := short.calls()[-1].claims())["jti"] == first["jti"]:
-                await echo(client, "again")
-                await asyncio.sleep(0.2)
+    async with (
+        asyncio.timeout(50),
+        exchange_stack(tmp_path, example_http_url, 2) as short,
+        client_as(short, "caller-a", MODERN) as (client, _),
+    ):
+        await echo(client, "first")
+        first = short.calls()[-1].claims()
+        # The exchanged token lasts 2 s, kept for 1.6 s: the calls go on until one carries a new one.
+        while (latest := short.calls()[-1].claims())["jti"] == first["jti"]:
+            await echo(client, "again")
+            await asyncio.sleep(0.2)
     assert latest["sub"] == "caller-a" and latest["aud"] == short.upstream_url, latest
     assert latest["exp"] > first["exp"], (first, latest)
 
@@ -272,3 +275,16 @@ async def test_concurrent_first_calls_share_one_exchange_and_a_failure_refuses_t
             assert await exchange.authorization(None) == {}
         finally:
             await exchange.close()
+
+
+async def test_a_hosted_tasks_upstream_call_acts_for_its_caller(stack: Stack) -> None:
+    async with asyncio.timeout(30), client_as(stack, "caller-b", LEGACY) as (client, _):
+        before = len(stack.calls())
+        params = {"name": "echo", "arguments": {"text": "as a task"}, "task": {"ttl": 60000}}
+        created = await client.result("tools/call", params)
+        assert created["task"]["status"] == "working", created
+        # The task's upstream call runs after the answer: the proxy's own list is what there is to wait on.
+        while len(stack.calls()) == before:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    claims = stack.calls()[before].claims()
+    assert claims["sub"] == "caller-b" and claims["aud"] == stack.upstream_url, claims
