@@ -163,6 +163,20 @@ async def echo(client: WireClient, text: str) -> dict[str, Any]:
     return reply.final
 
 
+async def test_calls_with_no_caller_carry_the_gateways_own_token(stack: Stack) -> None:
+    """The readiness check and the era probe (this module's first test: no client has called yet)."""
+    async with asyncio.timeout(30), aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{stack.gateway.base}/readyz") as readiness:
+                if readiness.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+    assert stack.seen, "the upstream saw no request of the gateway's own"
+    for seen in stack.seen:
+        claims = seen.claims()
+        assert claims["sub"] == CLIENT_ID and claims["aud"] == stack.upstream_url and "act" not in claims, claims
+
+
 @pytest.mark.parametrize("era", [LEGACY, MODERN])
 async def test_the_upstream_sees_a_token_acting_for_each_caller(stack: Stack, era: str) -> None:
     async with asyncio.timeout(30):

@@ -8,7 +8,8 @@
 // With EXCHANGE_TTL_S, CLIENT_ID may also use RFC 8693 token exchange: it presents a subject_token (a
 // JWT this server issued for RESOURCE) and a `resource` (any URL: the upstream), and gets an RS256 JWT
 // access token whose `sub` is the subject token's, `aud` the resource, `act.sub` CLIENT_ID, lasting
-// EXCHANGE_TTL_S seconds. Three more clients with the same secret act as callers: "caller-a",
+// EXCHANGE_TTL_S seconds; client-credentials tokens are then issued for any resource (the upstream's
+// too, for the gateway's calls with no caller). Three more clients with the same secret act as callers: "caller-a",
 // "caller-b" and "refused-caller", whose tokens the exchange refuses (invalid_grant).
 import Provider, { errors } from "oidc-provider";
 import { createRemoteJWKSet, jwtVerify } from "jose"; // oidc-provider's own dependency
@@ -53,8 +54,9 @@ const provider = new Provider(issuer, {
       defaultResource: () => resource,
       useGrantedResource: () => true,
       getResourceServerInfo: (ctx, indicator) => {
-        if (indicator !== resource) throw new Error(`unknown resource ${indicator}`);
-        return { scope: scopes, audience: resource, accessTokenFormat: format, accessTokenTTL: 600, jwt: { sign: { alg: "RS256" } } };
+        // Exchanging, the gateway's own client-credentials tokens are for the upstream's URL too.
+        if (indicator !== resource && !exchangeTtl) throw new Error(`unknown resource ${indicator}`);
+        return { scope: scopes, audience: indicator, accessTokenFormat: format, accessTokenTTL: 600, jwt: { sign: { alg: "RS256" } } };
       },
     },
   },
