@@ -72,6 +72,11 @@ def with_caller(headers: Mapping[str, str], principal: Principal, token: str) ->
     return {**headers, CALLER_TOKEN: token, CALLER_OWNER: principal.owner}
 
 
+def caller_entries(headers: Mapping[str, str]) -> dict[str, str]:
+    """Only the caller a call's headers carry (none, or both entries): for requests a bridge makes anew."""
+    return {name: value for name, value in headers.items() if name in (CALLER_TOKEN, CALLER_OWNER)}
+
+
 def caller_of(headers: Mapping[str, str]) -> Caller | None:
     """The caller a call's headers carry, if any."""
     token, owner = headers.get(CALLER_TOKEN), headers.get(CALLER_OWNER)

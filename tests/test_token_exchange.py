@@ -94,9 +94,11 @@ async def recording_proxy(target: str, seen: list[Seen]) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def exchange_stack(log_dir: Path, example_http_url: str, exchange_ttl_s: int) -> AsyncIterator[Stack]:
+async def exchange_stack(
+    log_dir: Path, example_http_url: str, exchange_ttl_s: int, upstream_era: str = "auto"
+) -> AsyncIterator[Stack]:
     """oidc-provider exchanging tokens for ones lasting `exchange_ttl_s`, and the gateway (oauth mode,
-    token_exchange towards the recording proxy in front of the example server)."""
+    token_exchange towards the recording proxy in front of the example server, whose `era` it is told)."""
     gw_port = free_port()
     resource = f"http://127.0.0.1:{gw_port}/mcp"
     seen: list[Seen] = []
@@ -107,6 +109,9 @@ async def exchange_stack(log_dir: Path, example_http_url: str, exchange_ttl_s: i
             authorization_server(log_dir / "provider.log", resource, "jwt", exchange_ttl_s) as issuer,
         ):
             config = f"""
+[upstream]
+era = "{upstream_era}"
+
 [auth]
 mode = "oauth"
 resource = "{resource}"
@@ -132,6 +137,16 @@ scope = "read"
 async def stack(tmp_path_factory: pytest.TempPathFactory, example_http_url: str) -> AsyncIterator[Stack]:
     async with exchange_stack(tmp_path_factory.mktemp("exchange"), example_http_url, 600) as running:
         yield running
+
+
+async def ready(stack: Stack) -> None:
+    """Once /readyz says ready: the gateway's own first requests (readiness, era probe) are done."""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{stack.gateway.base}/readyz") as readiness:
+                if readiness.status == 200:
+                    return
+            await asyncio.sleep(0.1)
 
 
 async def caller_token(stack: Stack, caller: str) -> str:
@@ -165,12 +180,8 @@ async def echo(client: WireClient, text: str) -> dict[str, Any]:
 
 async def test_calls_with_no_caller_carry_the_gateways_own_token(stack: Stack) -> None:
     """The readiness check and the era probe (this module's first test: no client has called yet)."""
-    async with asyncio.timeout(30), aiohttp.ClientSession() as http:
-        while True:
-            async with http.get(f"{stack.gateway.base}/readyz") as readiness:
-                if readiness.status == 200:
-                    break
-            await asyncio.sleep(0.1)
+    async with asyncio.timeout(30):
+        await ready(stack)
     assert stack.seen, "the upstream saw no request of the gateway's own"
     for seen in stack.seen:
         claims = seen.claims()
@@ -222,6 +233,30 @@ async def test_an_expired_exchanged_token_is_exchanged_again(tmp_path: Path, exa
             await asyncio.sleep(0.2)
     assert latest["sub"] == "caller-a" and latest["aud"] == short.upstream_url, latest
     assert latest["exp"] > first["exp"], (first, latest)
+
+
+@pytest.mark.parametrize(
+    ("upstream_era", "client_era"),
+    [("legacy", MODERN), ("modern", LEGACY)],
+    ids=["modern-client-over-legacy-sessions", "legacy-session-over-stateless"],
+)
+async def test_bridged_calls_act_for_their_caller(
+    tmp_path: Path, example_http_url: str, upstream_era: str, client_era: str
+) -> None:
+    """The bridges make their upstream requests anew (a pooled session per principal, or stateless
+    requests for a legacy session): each still carries its caller's exchanged token."""
+    async with asyncio.timeout(50), exchange_stack(tmp_path, example_http_url, 600, upstream_era) as bridged:
+        await ready(bridged)
+        for caller in ("caller-a", "caller-b"):
+            async with client_as(bridged, caller, client_era) as (client, _):
+                before = len(bridged.seen)
+                assert "result" in await echo(client, caller)
+                window = bridged.seen[before:]
+                calls = [seen.claims() for seen in window if seen.method == "tools/call"]
+                assert calls and all(claims["sub"] == caller and "act" in claims for claims in calls), calls
+                # Besides the caller's, only the gateway's own requests (its lazy server/discover probe).
+                subjects = {seen.claims()["sub"] for seen in window if seen.http_method == "POST"}
+                assert subjects <= {caller, CLIENT_ID}, subjects
 
 
 # -- in process: the cache, one exchange for concurrent calls ----------------------------------------
