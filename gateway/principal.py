@@ -49,3 +49,35 @@ def route_of(owner: str) -> str | None:
     """The route an owner was bound on (`on_route`); None for the main endpoint."""
     _, mark, route = owner.rpartition(ROUTE_MARK)
     return route if mark else None
+
+
+CALLER_TOKEN = "gateway-caller-token"
+CALLER_OWNER = "gateway-caller-owner"
+"""The entries of a call's upstream headers that carry its caller to an upstream exchanging the caller's
+token for its own (`[upstream.auth] mode = "token_exchange"`). Only the edge sets them (a client's
+headers are forwarded by an allowlist that has neither), only the HTTP link reads them, and it never
+sends them on; they live in memory with the call, never in a store."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A validated caller as an upstream credential exchange needs it: its owner and raw access token."""
+
+    owner: str
+    token: str
+
+
+def with_caller(headers: Mapping[str, str], principal: Principal, token: str) -> dict[str, str]:
+    """`headers` carrying the caller (`CALLER_TOKEN`, `CALLER_OWNER`)."""
+    return {**headers, CALLER_TOKEN: token, CALLER_OWNER: principal.owner}
+
+
+def caller_entries(headers: Mapping[str, str]) -> dict[str, str]:
+    """Only the caller a call's headers carry (none, or both entries): for requests a bridge makes anew."""
+    return {name: value for name, value in headers.items() if name in (CALLER_TOKEN, CALLER_OWNER)}
+
+
+def caller_of(headers: Mapping[str, str]) -> Caller | None:
+    """The caller a call's headers carry, if any."""
+    token, owner = headers.get(CALLER_TOKEN), headers.get(CALLER_OWNER)
+    return Caller(owner, token) if token and owner else None

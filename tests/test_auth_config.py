@@ -13,6 +13,10 @@ from gateway.config import ConfigError, load_config
 from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
 
 KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
+EXCHANGE = (
+    "[upstream.auth]\nmode = 'token_exchange'\ntoken_url = 'http://as/token'\n"
+    "client_id = 'gw'\nclient_secret_env = 'S'\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +59,18 @@ KEY_DIGEST = hashlib.sha256(b"secret-a").hexdigest()
         (
             "[upstream.auth]\nmode = 'client_credentials'\ntoken_url = 'http://as/token'\n",
             'upstream.auth: Value error, mode = "client_credentials" needs token_url, client_id and client_secret_env',
+        ),
+        (
+            "[upstream.auth]\nmode = 'token_exchange'\n",
+            'upstream.auth: Value error, mode = "token_exchange" needs token_url, client_id and client_secret_env',
+        ),
+        (
+            f"[upstream]\ncommand = 'server'\n{EXCHANGE}",
+            'upstream: Value error, auth.mode = "token_exchange" needs an HTTP upstream (url); a stdio one gets no',
+        ),
+        (
+            f"[upstream]\nurl = 'http://up/mcp'\n{EXCHANGE}",
+            'upstream \'default\': auth.mode = "token_exchange" needs [auth] mode = "oauth"',
         ),
     ],
 )

@@ -75,11 +75,16 @@ class Setup:
 
 
 @contextlib.asynccontextmanager
-async def authorization_server(log: Path, resource: str, token_format: str) -> AsyncIterator[str]:
-    """oidc-provider on a free port, issuing `token_format` tokens for `resource`; yields its issuer."""
+async def authorization_server(
+    log: Path, resource: str, token_format: str, exchange_ttl_s: int | None = None
+) -> AsyncIterator[str]:
+    """oidc-provider on a free port, issuing `token_format` tokens for `resource`; yields its issuer.
+    With `exchange_ttl_s`, CLIENT_ID may also exchange tokens (RFC 8693) for ones lasting that long, and
+    the clients caller-a, caller-b and refused-caller exist (see provider.mjs)."""
 
     def argv(port: int) -> list[str]:
-        return ["node", str(PROVIDER), str(port), resource, CLIENT_ID, CLIENT_SECRET, token_format]
+        exchange = [str(exchange_ttl_s)] if exchange_ttl_s is not None else []
+        return ["node", str(PROVIDER), str(port), resource, CLIENT_ID, CLIENT_SECRET, token_format, *exchange]
 
     async with listening_process(argv, log) as as_port:
         yield f"http://127.0.0.1:{as_port}"

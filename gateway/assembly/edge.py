@@ -103,6 +103,6 @@ def build_endpoint(
         budget,
         auth,
         stream_write_timeout_s=config.tasks.stream_write_timeout_s,
-        scope=EndpointScope(route.name, config.auth, unavailable),
+        scope=EndpointScope(route.name, config.auth, unavailable, hands_down_caller=config.exchanges_caller_tokens),
     )
     app.router.add_route("*", route.path, endpoint.handle)

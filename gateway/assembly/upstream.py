@@ -17,9 +17,10 @@ from gateway.upstream.base import Upstream
 from gateway.upstream.bridge.legacy_over_modern import LegacyOverModern
 from gateway.upstream.bridge.modern_over_legacy import ModernOverLegacy
 from gateway.upstream.bridge.upstream import BridgingUpstream
-from gateway.upstream.credentials import ClientCredentials
+from gateway.upstream.credentials import ClientCredentials, UpstreamCredentials
 from gateway.upstream.http import HttpUpstream
 from gateway.upstream.stdio import StdioUpstream
+from gateway.upstream.token_exchange import TokenExchange
 
 
 def build_budget(config: Config, metrics: Metrics) -> BufferBudget:
@@ -35,7 +36,11 @@ def build_upstream(config: Config, metrics: Metrics, budget: BufferBudget) -> Up
     upstream = config.upstream
     deadlines = RequestDeadlines(upstream, config.tasks, metrics)
     if upstream.url:
-        credentials = ClientCredentials(upstream.auth, upstream.url) if upstream.auth.mode != "none" else None
+        credentials: UpstreamCredentials | None = None
+        if upstream.auth.mode == "client_credentials":
+            credentials = ClientCredentials(upstream.auth, upstream.url)
+        elif upstream.auth.mode == "token_exchange":
+            credentials = TokenExchange(upstream.auth, upstream.url)
         http = with_env_headers(
             upstream.http, "upstream.http" if not config.aggregating else f"upstreams.{upstream.name}.http"
         )

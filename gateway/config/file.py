@@ -51,6 +51,21 @@ class Config(Section):
             raise KeyProblems(problems)
         return self
 
+    @model_validator(mode="after")
+    def _callers_have_tokens(self) -> Config:
+        exchanging = [upstream.name for upstream in self.named_upstreams() if upstream.auth.mode == "token_exchange"]
+        if exchanging and self.auth.mode != "oauth":
+            raise ValueError(
+                f'upstream {exchanging[0]!r}: auth.mode = "token_exchange" needs [auth] mode = "oauth" '
+                "(the caller's validated access token is what is exchanged)"
+            )
+        return self
+
+    @property
+    def exchanges_caller_tokens(self) -> bool:
+        """Some upstream acts for the caller (`token_exchange`): the edge hands the caller down with each call."""
+        return any(upstream.auth.mode == "token_exchange" for upstream in self.named_upstreams())
+
     def named_upstreams(self) -> list[UpstreamConfig]:
         """Every upstream, in the file's order: the `[[upstreams]]` entries, or the single `[upstream]`
         (named `default`)."""

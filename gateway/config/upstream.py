@@ -54,10 +54,15 @@ class ReadinessConfig(Section):
         return self
 
 
-class UpstreamAuthConfig(Section):
-    """The gateway's own credential towards an HTTP upstream (never a client's)."""
+ACCESS_TOKEN_TYPE = "urn:ietf:params:oauth:token-type:access_token"
+"""RFC 8693's token type of an OAuth access token: what a caller presents, and what is asked for by default."""
 
-    mode: Literal["none", "client_credentials"] = "none"
+
+class UpstreamAuthConfig(Section):
+    """The credential an HTTP upstream gets: the gateway's own, or one acting for the caller (never the
+    caller's own token)."""
+
+    mode: Literal["none", "client_credentials", "token_exchange"] = "none"
     token_url: str = ""
     """The authorization server's token endpoint."""
     client_id: str = ""
@@ -66,11 +71,20 @@ class UpstreamAuthConfig(Section):
     scope: str = ""
     resource: str = ""
     """The RFC 8707 resource the token is asked for; empty: the upstream's URL."""
+    audience: str = ""
+    """token_exchange: the RFC 8693 `audience` asked for as well (empty: none; `resource` names the upstream)."""
+    requested_token_type: str = ACCESS_TOKEN_TYPE
+    """token_exchange: the RFC 8693 `requested_token_type`."""
+    no_caller: Literal["client_credentials", "none"] = "client_credentials"
+    """token_exchange: what a call with no caller (the gateway's own: readiness checks, list refreshes,
+    task polls after a restart) sends: the gateway's own client-credentials token, or no Authorization."""
+    exchanged_tokens: int = Field(default=10_000, gt=0)
+    """token_exchange: exchanged tokens cached at once (one per caller); the least recently used goes."""
 
     @model_validator(mode="after")
     def _complete(self) -> UpstreamAuthConfig:
-        if self.mode == "client_credentials" and not (self.token_url and self.client_id and self.client_secret_env):
-            raise ValueError('mode = "client_credentials" needs token_url, client_id and client_secret_env')
+        if self.mode != "none" and not (self.token_url and self.client_id and self.client_secret_env):
+            raise ValueError(f'mode = "{self.mode}" needs token_url, client_id and client_secret_env')
         return self
 
 
@@ -133,4 +147,6 @@ class UpstreamConfig(Section):
             raise ValueError("set either 'url' or 'command', not both")
         if self.command is not None and not self.command:
             raise ValueError("'command' must not be empty")
+        if self.command and self.auth.mode == "token_exchange":
+            raise ValueError('auth.mode = "token_exchange" needs an HTTP upstream (url); a stdio one gets no token')
         return self

@@ -96,6 +96,12 @@ def _holds(claim: object, wanted: ClaimValue) -> bool:
     return False
 
 
+def presented_token(headers: Mapping[str, str]) -> str:
+    """The credential in `Authorization: Bearer` ("" when there is none)."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 class EdgeAuth:
     """The configured `[auth]` mode: authenticates requests and applies the per-tool rules."""
 
@@ -155,9 +161,8 @@ class EdgeAuth:
                 "Bad Request: credentials are accepted only in the Authorization header, never in the URL",
                 self.challenge(error="invalid_request"),
             )
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = presented_token(request.headers)
+        if not token:
             raise AuthRefused(
                 401,
                 "unauthorized",

@@ -24,14 +24,14 @@ from aiohttp import web
 from gateway.buffers import BufferBudget
 from gateway.config import AuthConfig, ServerConfig
 from gateway.edge import checks
-from gateway.edge.auth import AuthRefused, EdgeAuth
+from gateway.edge.auth import AuthRefused, EdgeAuth, presented_token
 from gateway.edge.limits import PrincipalLimits, RateLimited
 from gateway.edge.rejections import UNKNOWN_TASK_MESSAGE, Rejections
 from gateway.edge.relay import RelaySettings, relay
 from gateway.edge.responder import Responder, SlowClient, json_response
 from gateway.edge.task_routes import await_result, stream_events
 from gateway.metrics import Metrics
-from gateway.principal import Principal, on_route
+from gateway.principal import Principal, on_route, with_caller
 from gateway.protocol import jsonrpc
 from gateway.protocol.envelope import check_modern_request
 from gateway.protocol.era import Era
@@ -94,6 +94,9 @@ class EndpointScope:
     """The `[[auth.rules]]` that apply here (`Config.for_route`)."""
     unavailable: Callable[[], ProtocolError | None] = lambda: None
     """The error every request gets while the endpoint's upstream is not usable (503, as /readyz)."""
+    hands_down_caller: bool = False
+    """An upstream here acts for the caller (`token_exchange`): each call carries the caller's validated
+    token down to it (`gateway.principal.with_caller`)."""
 
 
 PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
@@ -188,6 +191,8 @@ class McpEndpoint:
             if kind is Kind.REQUEST:
                 self._check_call(principal, message)
             headers = forwardable_headers(request.headers)
+            if self._scope.hands_down_caller:
+                headers = with_caller(headers, principal, presented_token(request.headers))
             return await serve(request, era, message, kind, headers, principal)
         except ProtocolError as error:
             return self._refused(request, error, principal, message)

@@ -239,7 +239,7 @@ class HostedTasks:
         task.on_input = on_input
         call = UpstreamCall(channel, self.upstream_call(message, LEGACY), headers or {})
         try:
-            exchange = await channel.request(call.message, {})
+            exchange = await channel.request(call.message, call.headers)
         except Exception:  # the call never started: the task must not stay working without a runner
             await self.finish(
                 task,

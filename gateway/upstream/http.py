@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import DEFAULT_UPSTREAM, Metrics
+from gateway.principal import CALLER_OWNER, CALLER_TOKEN, Caller, caller_of
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message
 from gateway.protocol.names import SESSION_HEADER
@@ -32,7 +33,7 @@ from gateway.upstream.base import (
     Upstream,
     UpstreamChannel,
 )
-from gateway.upstream.credentials import ClientCredentials
+from gateway.upstream.credentials import CredentialRefused, UpstreamCredentials
 
 logger = logging.getLogger("gateway.upstream.http")
 UpstreamLog = logging.LoggerAdapter[logging.Logger]
@@ -67,6 +68,8 @@ _RESERVED_HEADERS = frozenset(
         "host",
         "connection",
         "transfer-encoding",
+        CALLER_TOKEN,
+        CALLER_OWNER,
     }
 )
 
@@ -105,7 +108,7 @@ class HttpChannel(UpstreamChannel):
         on_close: Callable[[HttpChannel], None] | None = None,
         on_failure: FailureListener | None = None,
         deadlines: DeadlineRule | None = None,
-        own_headers: Mapping[str, str] | None = None,
+        credentials: UpstreamCredentials | None = None,
         *,
         name: str,
     ) -> None:
@@ -117,8 +120,11 @@ class HttpChannel(UpstreamChannel):
         self._client = client
         self._url = url
         self._config = config
-        self._own_headers = own_headers or {}
-        """The gateway's own credential (`[upstream.auth]`), read on every request as it is refreshed."""
+        self._credentials = credentials
+        """`[upstream.auth]`: the Authorization of each request, asked for each one."""
+        self._caller: Caller | None = None
+        """A legacy session's caller (its requests carry it): whom its own GET stream and DELETE act for.
+        Each POST still takes the caller its own call carries."""
         self._metrics = metrics
         self._budget = budget
         self._session_id: str | None = None
@@ -208,7 +214,12 @@ class HttpChannel(UpstreamChannel):
     async def _exchange(self, call: _Call, message: Message, headers: Mapping[str, str]) -> None:
         exchange = call.exchange
         is_initialize = message["method"] == "initialize"
-        request_headers = self._headers(headers, accept=ACCEPT_BOTH, with_session=not is_initialize)
+        try:
+            authorization = await self._authorization(headers)
+        except CredentialRefused as refused:
+            exchange.fail(jsonrpc.INTERNAL_ERROR, f"upstream credentials: {refused}", {"reason": refused.reason})
+            return
+        request_headers = self._headers(headers, authorization, accept=ACCEPT_BOTH, with_session=not is_initialize)
         request_headers["Content-Type"] = JSON
         try:
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
@@ -230,7 +241,7 @@ class HttpChannel(UpstreamChannel):
         while call.last_event_id and attempts < self._config.max_reconnects and not self._closed:
             attempts += 1
             await asyncio.sleep(call.retry_ms / 1000)
-            resume_headers = self._headers({}, accept=SSE, with_session=True)
+            resume_headers = self._headers({}, authorization, accept=SSE, with_session=True)
             resume_headers["Last-Event-ID"] = call.last_event_id
             try:
                 response = await self._client.get(self._url, headers=resume_headers)
@@ -341,7 +352,12 @@ class HttpChannel(UpstreamChannel):
         if self._closed:
             self._log.warning("not forwarding %s: upstream session closed", _label(message))
             return False
-        request_headers = self._headers(headers, accept=ACCEPT_BOTH, with_session=True)
+        try:
+            authorization = await self._authorization(headers)
+        except CredentialRefused as refused:
+            self._log.warning("not forwarding %s: upstream credentials: %s", _label(message), refused)
+            return False
+        request_headers = self._headers(headers, authorization, accept=ACCEPT_BOTH, with_session=True)
         request_headers["Content-Type"] = JSON
         timeout = aiohttp.ClientTimeout(total=SEND_TIMEOUT_S, connect=self._config.connect_timeout_s)
         try:
@@ -363,7 +379,11 @@ class HttpChannel(UpstreamChannel):
         return False
 
     async def _delete_session(self) -> None:
-        headers = self._headers({}, accept=ACCEPT_BOTH, with_session=True)
+        try:
+            headers = self._headers({}, await self._authorization({}), accept=ACCEPT_BOTH, with_session=True)
+        except CredentialRefused as refused:
+            self._log.info("not ending upstream session %s: upstream credentials: %s", self._session_id, refused)
+            return
         timeout = aiohttp.ClientTimeout(total=DELETE_TIMEOUT_S)
         try:
             async with self._client.delete(self._url, headers=headers, timeout=timeout) as response:
@@ -391,7 +411,11 @@ class HttpChannel(UpstreamChannel):
         last_event_id: str | None = None
         failures = 0
         while not self._closed:
-            headers = self._headers({}, accept=SSE, with_session=True)
+            try:
+                headers = self._headers({}, await self._authorization({}), accept=SSE, with_session=True)
+            except CredentialRefused as refused:
+                self._log.warning("no upstream GET stream: upstream credentials: %s", refused)
+                return
             if last_event_id:
                 headers["Last-Event-ID"] = last_event_id
             started = asyncio.get_running_loop().time()
@@ -455,7 +479,24 @@ class HttpChannel(UpstreamChannel):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _headers(self, client_headers: Mapping[str, str], *, accept: str, with_session: bool) -> CIMultiDict[str]:
+    async def _authorization(self, client_headers: Mapping[str, str]) -> Mapping[str, str]:
+        """The credential of a request carrying `client_headers` (the call's caller, else a legacy
+        session's); CredentialRefused when it must not be sent."""
+        if self._credentials is None:
+            return {}
+        caller = caller_of(client_headers)
+        if self.session:
+            self._caller = caller = caller or self._caller
+        return await self._credentials.authorization(caller)
+
+    def _headers(
+        self,
+        client_headers: Mapping[str, str],
+        authorization: Mapping[str, str],
+        *,
+        accept: str,
+        with_session: bool,
+    ) -> CIMultiDict[str]:
         headers: CIMultiDict[str] = CIMultiDict()
         headers["Accept"] = accept
         if self._protocol_version is not None:
@@ -467,7 +508,7 @@ class HttpChannel(UpstreamChannel):
             headers[SESSION_HEADER] = self._session_id
         for name, value in self._config.headers.items():
             headers[name] = value
-        for name, value in self._own_headers.items():
+        for name, value in authorization.items():
             headers[name] = value
         return headers
 
@@ -500,7 +541,7 @@ class HttpUpstream(Upstream):
         metrics: Metrics,
         budget: BufferBudget | None = None,
         deadlines: DeadlineRule | None = None,
-        credentials: ClientCredentials | None = None,
+        credentials: UpstreamCredentials | None = None,
         *,
         name: str = DEFAULT_UPSTREAM,
     ) -> None:
@@ -588,7 +629,7 @@ class HttpUpstream(Upstream):
             on_close=self._channels.discard,
             on_failure=None if probe else self.report_failure,
             deadlines=self._deadlines,
-            own_headers=self._credentials.headers if self._credentials is not None else None,
+            credentials=self._credentials,
             name=self.name,
         )
 

@@ -24,6 +24,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from gateway.buffers import BufferBudget
+from gateway.principal import caller_entries
 from gateway.protocol import jsonrpc
 from gateway.protocol.dialect import LOG_LEVEL_KEY, MODERN
 from gateway.protocol.era import (
@@ -134,6 +135,9 @@ class BridgedSession(UpstreamChannel):
         self._capabilities: dict[str, Any] = {}
         """The client's capabilities, as each upstream request's envelope declares them."""
         self._client_info: dict[str, Any] | None = None
+        self._caller: dict[str, str] = {}
+        """The caller of the session's latest request (`caller_entries`): whom its upstream requests,
+        each a new stateless one, act for (one principal holds the session)."""
         self._log_level: str | None = None
         self._subscribed: set[str] = set()
         self._upstream_capabilities: dict[str, Any] = {}
@@ -155,6 +159,7 @@ class BridgedSession(UpstreamChannel):
         if self._closed:
             exchange.fail(jsonrpc.INTERNAL_ERROR, "the bridged upstream session is closed")
             return exchange
+        self._caller = caller_entries(headers) or self._caller
         task = self._spawn(self._serve(exchange, message))
         self._calls[message["id"]] = (exchange, task)
 
@@ -257,7 +262,8 @@ class BridgedSession(UpstreamChannel):
             meta[CLIENT_INFO_KEY] = self._client_info
         if self._log_level is not None:
             meta[LOG_LEVEL_KEY] = self._log_level
-        return MODERN.gateway_request(request_id, method, {**params, "_meta": meta}, self._capabilities)
+        message, headers = MODERN.gateway_request(request_id, method, {**params, "_meta": meta}, self._capabilities)
+        return message, {**headers, **self._caller}
 
     async def _initialize(self, message: Message) -> Message:
         """Answered from the upstream's `server/discover`, in the client's version when it is a

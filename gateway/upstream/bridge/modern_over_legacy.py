@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.buffers import BufferBudget
 from gateway.config.upstream import BridgeConfig
+from gateway.principal import caller_entries
 from gateway.protocol import jsonrpc
 from gateway.protocol.era import SUBSCRIPTION_ID_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
@@ -125,10 +126,11 @@ class ModernOverLegacy:
         try:
             if "requestState" in jsonrpc.params_of(message):
                 return await self._resume(owner, message)
+            caller = caller_entries(headers)
             if method == "server/discover":
-                return await self._discover(owner, message)
+                return await self._discover(owner, message, caller)
             if method == "subscriptions/listen":
-                return await self._listen(owner, message)
+                return await self._listen(owner, message, caller)
             if method not in translate.FORWARDED_METHODS:
                 raise ProtocolError(
                     jsonrpc.METHOD_NOT_FOUND, f"Method not found: {method} does not exist in 2026-07-28"
@@ -151,14 +153,14 @@ class ModernOverLegacy:
         await exchange.deliver(final)
         return exchange
 
-    async def _discover(self, owner: str | None, message: Message) -> Exchange:
-        session = await self._pool.acquire(owner, message)
+    async def _discover(self, owner: str | None, message: Message, caller: Mapping[str, str]) -> Exchange:
+        session = await self._pool.acquire(owner, message, caller)
         self._pool.release(session)
         result = translate.discover_result(session.initialized)
         return await self._answered(message, jsonrpc_result(message["id"], result))
 
     async def _start(self, owner: str | None, message: Message, headers: Mapping[str, str]) -> Exchange:
-        session = await self._pool.acquire(owner, message)
+        session = await self._pool.acquire(owner, message, caller_entries(headers))
         try:
             if message["method"] == "tools/call":
                 await session.tool_schemas.check(functools.partial(self._pool.ask, session), message, headers)
@@ -243,7 +245,7 @@ class ModernOverLegacy:
         lost.calls.pop(call.upstream_id, None)
         self._pool.drop(lost, "the upstream ended its session")
         try:
-            session = await self._pool.acquire(call.owner, call.message)
+            session = await self._pool.acquire(call.owner, call.message, caller_entries(lost.headers))
         except (SessionFailed, ProtocolError):
             return False
         upstream_id = session.next_id()
@@ -352,13 +354,13 @@ class ModernOverLegacy:
 
     # -- subscriptions/listen --------------------------------------------------------------------
 
-    async def _listen(self, owner: str | None, message: Message) -> Exchange:
+    async def _listen(self, owner: str | None, message: Message, caller: Mapping[str, str]) -> Exchange:
         asked = jsonrpc.params_of(message).get("notifications")
         asked = asked if isinstance(asked, dict) else {}
         honoured: dict[str, Any] = {name: True for name in LISTEN_FILTERS.values() if asked.get(name) is True}
         uris = asked.get("resourceSubscriptions")
         uris = [uri for uri in uris if isinstance(uri, str)] if isinstance(uris, list) else []
-        session = await self._pool.acquire(owner, message)
+        session = await self._pool.acquire(owner, message, caller)
         if not session.subscribes:
             uris = []  # not honoured: the upstream cannot subscribe
         if uris:

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -71,7 +72,8 @@ class BridgeSession:
         self.initialized: dict[str, Any] = {}
         """The upstream's `initialize` result."""
         self.headers: dict[str, str] = {}
-        """The headers of every request on the session (its negotiated protocol version)."""
+        """The headers of every request on the session (its negotiated protocol version, and the caller
+        of its latest request: `gateway.principal.caller_entries`)."""
         self.users = 0
         """Requests (a held call and a listen stream included) using the session now."""
         self.last_used = time.monotonic()
@@ -154,8 +156,9 @@ class SessionPool:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    async def acquire(self, owner: str | None, message: Message) -> BridgeSession:
-        """The session for `message`'s client, opened if need be, counted as used until `release`.
+    async def acquire(self, owner: str | None, message: Message, caller: Mapping[str, str]) -> BridgeSession:
+        """The session for `message`'s client, opened if need be, counted as used until `release`; its
+        requests carry `caller` (the request's caller entries: one owner's session, its freshest token).
         Raises `UpstreamBusy` when none can be had, `SessionFailed` when the upstream refuses one."""
         key = session_key(owner, message)
         session = self._sessions.get(key)
@@ -163,7 +166,8 @@ class SessionPool:
             async with self._lock:
                 session = self._sessions.get(key)
                 if session is None or session.lost:
-                    session = await self._open(key, message)
+                    session = await self._open(key, message, caller)
+        session.headers.update(caller)
         session.users += 1
         session.last_used = time.monotonic()
         return session
@@ -192,7 +196,7 @@ class SessionPool:
             await listener.end()
         await session.channel.close()
 
-    async def _open(self, key: SessionKey, message: Message) -> BridgeSession:
+    async def _open(self, key: SessionKey, message: Message, caller: Mapping[str, str]) -> BridgeSession:
         self._start_reaper()
         if len(self._sessions) >= self._config.max_sessions:
             await self._evict(message.get("id"))
@@ -204,7 +208,7 @@ class SessionPool:
             channel = await self._link.open_session()
         session = BridgeSession(key, channel)
         try:
-            await self._handshake(session, message)
+            await self._handshake(session, message, caller)
         except BaseException:
             await channel.close()
             raise
@@ -238,10 +242,10 @@ class SessionPool:
         del self._sessions[oldest.key]
         await self._end(oldest)
 
-    async def _handshake(self, session: BridgeSession, message: Message) -> None:
+    async def _handshake(self, session: BridgeSession, message: Message, caller: Mapping[str, str]) -> None:
         channel = session.channel
         initialize = translate.initialize_request(session.next_id(), message, LATEST_HANDSHAKE_VERSION)
-        final = await self._ask(channel, initialize, {})
+        final = await self._ask(channel, initialize, dict(caller))
         result = final.get("result")
         if not isinstance(result, dict):
             error = final.get("error")
@@ -249,7 +253,10 @@ class SessionPool:
             raise SessionFailed(f"the upstream refused a session: {said or 'no result'}")
         session.initialized = result
         version = result.get("protocolVersion")
-        session.headers = {"MCP-Protocol-Version": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION}
+        session.headers = {
+            "MCP-Protocol-Version": version if isinstance(version, str) else LATEST_HANDSHAKE_VERSION,
+            **caller,
+        }
         await channel.notify({"jsonrpc": "2.0", "method": "notifications/initialized"}, session.headers)
         if session.declares("logging"):
             # Every level upstream: each 2026 request says (logLevel) which of them it wants.
