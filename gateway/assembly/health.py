@@ -73,7 +73,9 @@ def build_health(
     sessions: list[SessionRegistry],
     tasks: list[Tasks],
     metrics: Metrics,
+    config_digest: Callable[[], str | None] = lambda: None,
 ) -> Health:
+    """`config_digest`: the short hash of the config file in use, shown by /readyz (None: no file)."""
     registry = tasks[0].registry
     readiness = build_readiness(config, routes, metrics)
     every = ReadinessSet(list(readiness.values()), config.server.ready_when)
@@ -100,6 +102,8 @@ def build_health(
         if (problem := store_health.problem) is not None:
             return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
         body, ready = health.ready()
+        if (digest := config_digest()) is not None:
+            body = {**body, "config": digest}
         return json_response(body, 200 if ready else 503)
 
     async def checking(_: web.Application) -> AsyncIterator[None]:
