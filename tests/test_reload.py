@@ -7,7 +7,7 @@ on to the task's end and the session's next request works; the new key works, th
 401, the tightened rule refuses the tool, and the next task's events carry the new capture type. A
 file with an unknown key is refused with one line naming it and the old config kept; `POST
 /admin/reload` works on the metrics listener only; /readyz shows the file's hash; the metric counts.
-In process: which keys a reload takes, the keys it names, and the reloader's results.
+In oauth mode a reload moves JWT validation to another key set. In process: which keys a reload takes, the keys it names, and the reloader's results.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from gateway.reload import ConfigReloader, changed_keys, digest, reloadable
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, free_port, start_gateway
 from tests.test_auth_api_key import KEY_A, KEY_B, bearer
 from tests.test_auth_api_key import digest as key_digest
+from tests.test_auth_jwt import ISSUER, RESOURCE, claims, jwks_server, rsa_key
 from tests.test_global_limits import eventually
 
 WAIT = 30.0
@@ -225,6 +226,39 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         assert await status_of(gw, KEY_B) == 200 and await status_of(gw, KEY_C) == 401
         assert await readyz_config(gw) == short_sha256(third)
         assert await reloads(metrics_base, "ok") == 2
+
+
+OAUTH = """
+[auth]
+mode = "oauth"
+resource = "{resource}"
+authorization_servers = ["{issuer}"]
+
+[auth.jwt]
+issuer = "{issuer}"
+jwks_uri = "{jwks}"
+"""
+
+
+async def test_a_reload_moves_jwt_validation_to_a_new_key_set() -> None:
+    old_key, new_key = rsa_key("old"), rsa_key("new")
+    async with (
+        asyncio.timeout(60),
+        jwks_server([old_key]) as old_jwks,
+        jwks_server([new_key]) as new_jwks,
+        start_gateway(
+            upstream_cmd=EXAMPLE_SERVER,
+            config_text=OAUTH.format(resource=RESOURCE, issuer=ISSUER, jwks=old_jwks.url),
+        ) as gw,
+    ):
+        old_token, new_token = old_key.sign(claims()), new_key.sign(claims())
+        assert await status_of(gw, old_token) == 200 and await status_of(gw, new_token) == 401
+        replace_config(config_path(gw), OAUTH.format(resource=RESOURCE, issuer=ISSUER, jwks=new_jwks.url))
+        line = await sighup(gw, "config reloaded")
+        assert "auth.jwt.jwks_uri" in line, line
+        assert await status_of(gw, new_token) == 200 and new_jwks.fetches >= 1
+        # A token validated before is trusted no longer: the new validator starts with an empty cache.
+        assert await status_of(gw, old_token) == 401
 
 
 # -- in process ------------------------------------------------------------------------------------
