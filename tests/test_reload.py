@@ -7,7 +7,8 @@ on to the task's end and the session's next request works; the new key works, th
 401, the tightened rule refuses the tool, and the next task's events carry the new capture type. A
 file with an unknown key is refused with one line naming it and the old config kept; `POST
 /admin/reload` works on the metrics listener only; /readyz shows the file's hash; the metric counts.
-In oauth mode a reload moves JWT validation to another key set. In process: which keys a reload takes, the keys it names, and the reloader's results.
+In oauth mode a reload moves JWT validation to another key set. In process: which keys a reload
+takes, the keys it names, and the reloader's results.
 """
 
 from __future__ import annotations
