@@ -77,7 +77,7 @@ def build_app(
         for route in routes
     }
     if reloader is not None:
-        build_reload(reloader, admin, metrics, auth, core, endpoints, tasks)
+        build_reload(reloader, admin, metrics, auth, stores, core, endpoints, tasks)
     return app
 
 

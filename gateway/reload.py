@@ -32,6 +32,7 @@ RELOADABLE: tuple[str, ...] = (
     "auth.limits",
     "rules",
     "tasks.tools",
+    "retention",
 )
 """The keys a reload applies (a section's whole subtree); every other change needs a restart."""
 

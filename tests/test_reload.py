@@ -6,9 +6,9 @@ legacy session and the `tasks/stream` of a running hosted task are open, the con
 on to the task's end and the session's next request works; the new key works, the removed one gets
 401, the tightened rule refuses the tool, and the next task's events carry the new capture type. A
 file with an unknown key is refused with one line naming it and the old config kept; `POST
-/admin/reload` works on the metrics listener only; /readyz shows the file's hash; the metric counts.
-In oauth mode a reload moves JWT validation to another key set. In process: which keys a reload
-takes, the keys it names, and the reloader's results.
+/admin/reload` works on the metrics listener only (here applying a new retention); /readyz shows the
+file's hash; the metric counts. In oauth mode a reload moves JWT validation to another key set. In
+process: which keys a reload takes, the keys it names, and the reloader's results.
 """
 
 from __future__ import annotations
@@ -213,7 +213,10 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         # POST /admin/reload: on the metrics listener, and nowhere on the main one. A key that needs a
         # restart is named and keeps its value; the rest applies.
         third = replace_config(
-            path, config_text(metrics_port, api_keys=BEFORE_KEYS, extra="max_sessions = 5") + TIGHTER_RULE
+            path,
+            config_text(metrics_port, api_keys=BEFORE_KEYS, extra="max_sessions = 5")
+            + TIGHTER_RULE
+            + "\n[retention]\nmax_events_per_task = 4\n",
         )
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{gw.base}/admin/reload", headers=bearer(KEY_A)) as response:
@@ -227,6 +230,13 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         assert await status_of(gw, KEY_B) == 200 and await status_of(gw, KEY_C) == 401
         assert await readyz_config(gw) == short_sha256(third)
         assert await reloads(metrics_base, "ok") == 2
+        # The new retention: an ended task's log keeps its last 4 events (of 8).
+        trimmed = await session.start_task("slow_build", {"steps": 2, "delay": 0.05})
+        assert trimmed is not None
+        await session.request("tasks/result", {"taskId": trimmed})
+        async with session.stream(trimmed) as stream:
+            kept = [(event["seq"], event["type"].removeprefix(PREFIX + ".")) async for event in stream]
+        assert kept == [(4, "progress"), (5, "notification"), (6, "task.status"), (7, "task.terminal")], kept
 
 
 OAUTH = """
@@ -278,14 +288,16 @@ def test_a_reload_takes_only_the_reloadable_keys_and_names_the_rest() -> None:
             },
             "rules": [{"method": "*", "type": "other"}],
             "tasks": {"tools": [{"match": "build_*", "task_support": "optional"}], "max_tasks_total": 7},
+            "retention": {"max_events_per_task": 9},
         }
     )
     applied = reloadable(old, new)
     assert applied.auth.api_keys == new.auth.api_keys and applied.auth.rules == new.auth.rules
     assert applied.auth.limits.max_streams == 3 and applied.rules == new.rules
-    assert applied.tasks.tools == new.tasks.tools
+    assert applied.tasks.tools == new.tasks.tools and applied.retention == new.retention
     assert applied.server == old.server and applied.tasks.max_tasks_total == old.tasks.max_tasks_total
     reloaded = {"tasks.tools", "rules", "auth.api_keys", "auth.rules", "auth.limits.max_streams"}
+    reloaded.add("retention.max_events_per_task")
     assert set(changed_keys(old, applied)) == reloaded
     assert set(changed_keys(applied, new)) == {"server.listen", "server.max_sessions", "tasks.max_tasks_total"}
     assert changed_keys(new, new) == []

@@ -4,9 +4,10 @@ metrics listener (`[server] metrics_listen`; never on the main listener).
 
 Applied for the requests that come after it: the edge's authentication (api keys, JWT/JWKS and
 introspection settings) and each endpoint's `[[auth.rules]]` and `[auth.limits]`, the capture rules
-(`[[rules]]`) and each endpoint's `[[tasks.tools]]` policies. Streams, sessions and tasks under way keep
-the objects they started with; a task already running records its later events under the new capture
-rules."""
+(`[[rules]]`), each endpoint's `[[tasks.tools]]` policies, and `[retention]` (the stores' bounds, the
+outcomes kept, what is advertised). Streams, sessions and tasks under way keep the objects they
+started with; a task already running records its later events under the new capture rules, and its
+log is trimmed to the new bounds at its next event."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from gateway.assembly.auth import Auth, reauthenticate
 from gateway.assembly.routes import route_config
+from gateway.assembly.stores import Stores, retain
 from gateway.assembly.tasks import TaskCore, Tasks, make_capture
 from gateway.config import Config
 from gateway.edge.endpoint import McpEndpoint
@@ -31,6 +33,7 @@ def build_reload(
     admin: list[web.RouteDef],
     metrics: Metrics,
     auth: Auth,
+    stores: Stores,
     core: TaskCore,
     endpoints: Mapping[str | None, McpEndpoint],
     tasks: Mapping[str | None, Tasks],
@@ -44,6 +47,8 @@ def build_reload(
         scoped = {name: route_config(config, name) for name in endpoints}
         replaced = await reauthenticate(auth, config)
         core.registry.capture = capture
+        retain(stores, config)
+        core.registry.retention = core.hosted.retention = config.retention
         for name, endpoint in endpoints.items():
             endpoint.reconfigure(auth.edge, scoped[name].auth)
             tasks[name].service.use_policies(scoped[name].tasks)
