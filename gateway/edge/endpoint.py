@@ -133,9 +133,9 @@ class McpEndpoint:
         """Authenticate with `auth` and apply `rules` (`[[auth.rules]]`, `[auth.limits]`) to the requests
         that come from now on (a config reload); requests under way finish under what they started with,
         and what principals hold against their limits is kept."""
-        self._auth = auth
+        before, self._auth = self._scope.rules, auth
         self._scope = dataclasses.replace(self._scope, rules=rules)
-        if self._limits is not None:
+        if self._limits is not None and (rules.limits, rules.rules) != (before.limits, before.rules):
             self._limits.configure(rules.limits, rules.rules)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
