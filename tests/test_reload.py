@@ -48,7 +48,9 @@ def keys(*named: tuple[str, str, list[str]]) -> str:
     ).replace("'", '"')
 
 
-def config_text(metrics_port: int, *, api_keys: str, extra: str = "", progress_type: str = "progress") -> str:
+def config_text(
+    metrics_port: int, *, api_keys: str, extra: str = "", progress_type: str = "progress", tasks_for: str = "*"
+) -> str:
     return f"""
 [server]
 metrics_listen = "127.0.0.1:{metrics_port}"
@@ -59,7 +61,7 @@ mode = "api_key"
 {api_keys}
 
 [[tasks.tools]]
-match = "*"
+match = "{tasks_for}"
 task_support = "optional"
 
 [[rules]]
@@ -159,6 +161,7 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         assert await readyz_config(gw) == short_sha256(path.read_bytes())
         assert await status_of(gw, KEY_B) == 200 and await status_of(gw, KEY_A, "echo") == 200
         assert await status_of(gw, KEY_C) == 401
+        assert await session.start_task("whoami") is not None
         assert {tool["name"] for tool in await session.list_tools()} >= {"echo", "slow_build"}
 
         # A hosted task, its stream open and delivering, when the config changes under it.
@@ -214,8 +217,7 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         # restart is named and keeps its value; the rest applies.
         third = replace_config(
             path,
-            config_text(metrics_port, api_keys=BEFORE_KEYS, extra="max_sessions = 5")
-            + TIGHTER_RULE
+            config_text(metrics_port, api_keys=BEFORE_KEYS, extra="max_sessions = 5", tasks_for="slow_build")
             + "\n[retention]\nmax_events_per_task = 4\n",
         )
         async with aiohttp.ClientSession() as http:
@@ -228,7 +230,12 @@ async def test_a_reload_applies_keys_rules_and_capture_while_a_stream_and_a_sess
         restart = lines_with(gw, "need a restart")
         assert len(restart) == 1 and "server.max_sessions" in restart[0], restart
         assert await status_of(gw, KEY_B) == 200 and await status_of(gw, KEY_C) == 401
+        assert await status_of(gw, KEY_A, "echo") == 200  # the rule is gone again
         assert await readyz_config(gw) == short_sha256(third)
+        # The new task policies: whoami is no task any more (a task-augmented call of it is refused).
+        with pytest.raises(JsonRpcError) as refused_task:
+            await session.start_task("whoami")
+        assert refused_task.value.code == -32601, refused_task.value
         assert await reloads(metrics_base, "ok") == 2
         # The new retention: an ended task's log keeps its last 4 events (of 8).
         trimmed = await session.start_task("slow_build", {"steps": 2, "delay": 0.05})
