@@ -12,4 +12,7 @@ stopped in reverse). `build_app` calls them in this order, which is the start-up
 - `tasks`: the task registry, hosted and pass-through tasks, owner leases and the task service;
 - `edge`: the MCP endpoint, the HTTP request context, the connection count;
 - `health`: readiness, the store's health, /healthz and /readyz (serving once everything has started).
+
+Then, when the gateway was started from a config file, `reload` wires what a config reload applies to
+these parts (SIGHUP, `POST /admin/reload`); it starts and stops nothing.
 """
