@@ -34,7 +34,8 @@ RELOADABLE: tuple[str, ...] = (
     "tasks.tools",
     "retention",
 )
-"""The keys a reload applies (a section's whole subtree); every other change needs a restart."""
+"""The keys a reload applies (each a top-level key or a key of a top-level section, with all it holds);
+every other change needs a restart."""
 
 DIGEST_CHARS = 12
 """How much of the file's SHA-256 /readyz and the log lines show: enough to tell two files apart."""
@@ -60,7 +61,7 @@ def reloadable(current: Config, new: Config) -> Config:
     for key in RELOADABLE:
         section, _, name = key.rpartition(".")
         updates.setdefault(section, {})[name] = getattr(getattr(new, section) if section else new, name)
-    top = updates.pop("")
+    top = updates.pop("", {})
     for section, fields in updates.items():
         top[section] = getattr(current, section).model_copy(update=fields)
     return current.model_copy(update=top)
