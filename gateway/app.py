@@ -23,6 +23,7 @@ from gateway.assembly.auth import build_auth
 from gateway.assembly.edge import CONNECTIONS, build_edge, build_endpoint, request_context
 from gateway.assembly.health import build_health
 from gateway.assembly.metrics import METRICS, build_metrics
+from gateway.assembly.reload import build_reload
 from gateway.assembly.routes import build_routes
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
@@ -32,6 +33,7 @@ from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
 from gateway.readiness import upstream_name
+from gateway.reload import ConfigReloader
 from gateway.tls import tls_context
 from gateway.upstream.base import Upstream
 
@@ -41,12 +43,16 @@ log = logging.getLogger("gateway")
 __all__ = ["CONNECTIONS", "METRICS", "REGISTRY", "ListenError", "Stores", "build_app", "build_stores", "serve"]
 
 
-def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
+def build_app(
+    config: Config, upstream: Upstream | None = None, reloader: ConfigReloader | None = None
+) -> web.Application:
     """The gateway as an aiohttp app: each feature's builder adds its parts, routes and cleanup context,
     in start-up order (`gateway.assembly` says what each owns). `upstream`: the one upstream to front,
-    used as it is (embedding programs)."""
+    used as it is (embedding programs). `reloader`: the config file `config` was read from, reloaded on
+    request (`gateway.assembly.reload`)."""
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
-    metrics = build_metrics(app, config)
+    admin: list[web.RouteDef] = []
+    metrics = build_metrics(app, config, admin)
     stores = open_stores(app, config, metrics)
     auth = build_auth(app, config, stores)
     budget = build_budget(config, metrics)
@@ -56,12 +62,24 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics) for route in routes}
     run_tasks(app, core, stores, tasks)
     rejections = build_edge(app, config, metrics)
-    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics)
-    for route in routes:
-        unavailable = health.unavailable(route.name)
-        build_endpoint(
-            app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable
+    digest = (lambda: reloader.current.digest) if reloader is not None else (lambda: None)
+    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics, digest)
+    endpoints = {
+        route.name: build_endpoint(
+            app,
+            route,
+            sessions[route.name],
+            tasks[route.name],
+            auth.edge,
+            metrics,
+            rejections,
+            budget,
+            health.unavailable(route.name),
         )
+        for route in routes
+    }
+    if reloader is not None:
+        build_reload(reloader, admin, metrics, auth, stores, core, endpoints, tasks)
     build_ui(app, config, routes)
     return app
 
@@ -131,15 +149,18 @@ def _listening_socket(
     return sock
 
 
-async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
+async def serve(
+    config: Config, on_ready: Callable[[str], None] | None = None, reloader: ConfigReloader | None = None
+) -> None:
     """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening. ListenError
-    when the listen address cannot be bound, before anything else has started."""
+    when the listen address cannot be bound, before anything else has started. `reloader`: the config
+    file `config` was read from, to reload on request (SIGHUP, POST /admin/reload)."""
     tls = tls_context(config.server)
     sockets = await bind_listeners(config.server.listen)
     try:
         if (warning := raise_file_limit(config.server, config.named_upstreams())) is not None:
             log.warning(warning)
-        app = build_app(config)
+        app = build_app(config, reloader=reloader)
         asyncio.get_running_loop().set_exception_handler(
             AcceptErrors(app[METRICS], config.logging.rejected_log_interval_s)
         )

@@ -326,8 +326,10 @@ def _check_store(path: str, config: Config) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import ListenError, serve
     from gateway.logs import setup_logging
+    from gateway.reload import ConfigReloader
 
-    config = _apply_flags(load_config(args.config), args)
+    reloader = ConfigReloader(args.config, lambda config: _apply_flags(config, args))
+    config = reloader.current.config
     if not (config.upstream.url or config.upstream.command or config.upstreams):
         raise ConfigError(
             "no upstream: set upstream.url or upstream.command, or [[upstreams]] entries, or pass "
@@ -345,8 +347,9 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload_soon)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, announce)
+            await serve(config, announce, reloader)
 
     try:
         asyncio.run(run())

@@ -178,6 +178,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "an empty replica): the open streams of its tasks ended with store_reset",
     ),
     MetricSpec(
+        "config_reloads",
+        Counter,
+        "mcp_gateway_config_reloads",
+        "Config reloads (SIGHUP, POST /admin/reload) by result: ok (applied), invalid (the new file refused, "
+        "the old config kept), failed (the file unreadable or not applied, the old config kept)",
+        ("result",),
+    ),
+    MetricSpec(
         "request_timeouts",
         Counter,
         "mcp_gateway_request_timeouts",
@@ -279,6 +287,7 @@ class Metrics:
     tasks_failed: Counter
     lifecycle_refusals: Counter
     store_resets: Counter
+    config_reloads: Counter
     request_timeouts: Counter
     upstream_oversized_lines: Counter
     open_streams: Gauge

@@ -13,4 +13,7 @@ stopped in reverse). `build_app` calls them in this order, which is the start-up
 - `edge`: the MCP endpoint, the HTTP request context, the connection count;
 - `health`: readiness, the store's health, /healthz and /readyz (serving once everything has started);
 - `ui`: the task timeline page at /ui, its static files and /ui/config.json (`[ui]`; no start or stop).
+
+Then, when the gateway was started from a config file, `reload` wires what a config reload applies to
+these parts (SIGHUP, `POST /admin/reload`); it starts and stops nothing.
 """

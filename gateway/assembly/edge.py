@@ -89,7 +89,7 @@ def build_endpoint(
     rejections: Rejections,
     budget: BufferBudget,
     unavailable: Callable[[], ProtocolError | None],
-) -> None:
+) -> McpEndpoint:
     """The MCP endpoint of `route`, built from its own config; `unavailable` refuses its requests while
     its upstream cannot serve."""
     config = route.config
@@ -106,3 +106,4 @@ def build_endpoint(
         scope=EndpointScope(route.name, config.auth, unavailable, hands_down_caller=config.exchanges_caller_tokens),
     )
     app.router.add_route("*", route.path, endpoint.handle)
+    return endpoint

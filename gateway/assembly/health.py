@@ -35,6 +35,8 @@ class Health:
     every: ReadinessSet
     single: Readiness | None
     """The one upstream's (`[upstream]`), whose /readyz body is its own as it always was."""
+    config_digest: Callable[[], str | None] = lambda: None
+    """The short hash of the config file in use, /readyz's `config` (None: no file, none shown)."""
 
     def statuses(self) -> object:
         """/healthz's `upstream`: the one upstream's status, or each one's by name."""
@@ -45,8 +47,12 @@ class Health:
     def ready(self) -> tuple[dict[str, Any], bool]:
         """/readyz's body, and whether it says ready (any or all upstreams: `[server] ready_when`)."""
         if self.single is not None:
-            return self.single.state.body(), self.single.state.ready
-        return self.every.body(), self.every.ready
+            body, ready = self.single.state.body(), self.single.state.ready
+        else:
+            body, ready = self.every.body(), self.every.ready
+        if (digest := self.config_digest()) is not None:
+            body = {**body, "config": digest}
+        return body, ready
 
     def unavailable(self, route: str | None) -> Callable[[], ProtocolError | None]:
         """What the endpoint of `route` answers while its upstream is found unusable (a 503 naming it,
@@ -73,12 +79,12 @@ def build_health(
     sessions: list[SessionRegistry],
     tasks: list[Tasks],
     metrics: Metrics,
+    config_digest: Callable[[], str | None] = lambda: None,
 ) -> Health:
-    registry = tasks[0].registry
     readiness = build_readiness(config, routes, metrics)
     every = ReadinessSet(list(readiness.values()), config.server.ready_when)
-    health = Health(readiness, every, None if config.aggregating else next(iter(readiness.values())))
-    store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: registry.writes.down)
+    health = Health(readiness, every, None if config.aggregating else next(iter(readiness.values())), config_digest)
+    store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: tasks[0].registry.writes.down)
     for each in tasks:
         each.service.store_failed = store_health.failed
     serving, started = asyncio.Event(), time.monotonic()
@@ -90,7 +96,7 @@ def build_health(
             "uptime_s": round(time.monotonic() - started, 3),
             "upstream": health.statuses(),
             "sessions": sum(len(each) for each in sessions),
-            "tasks": len(registry),
+            "tasks": len(tasks[0].registry),  # one registry, shared by every endpoint
         }
         return json_response(body, 200 if serving.is_set() else 503)
 

@@ -13,9 +13,10 @@ METRICS = web.AppKey("metrics", Metrics)
 """The app's metrics (`serve` counts accept errors in them)."""
 
 
-def build_metrics(app: web.Application, config: Config) -> Metrics:
+def build_metrics(app: web.Application, config: Config, admin: list[web.RouteDef]) -> Metrics:
     """The metrics, with /metrics routed; call first: a metrics port in use stops the start before the
-    upstream or the stores are opened."""
+    upstream or the stores are opened. `admin`: the routes served beside /metrics on `[server]
+    metrics_listen` only (never on the main listener), as the other builders add them."""
     metrics = Metrics()
     app[METRICS] = metrics
     ceilings = {
@@ -32,7 +33,7 @@ def build_metrics(app: web.Application, config: Config) -> Metrics:
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     if config.server.metrics_listen:
-        app.cleanup_ctx.append(metrics_listener(config.server.metrics_listen, metrics_handler))
+        app.cleanup_ctx.append(metrics_listener(config.server.metrics_listen, metrics_handler, admin))
     else:
         app.router.add_get("/metrics", metrics_handler)
     return metrics

@@ -34,6 +34,12 @@ class Route:
     upstream: Upstream
 
 
+def route_config(config: Config, name: str | None) -> Config:
+    """The config the endpoint of route `name` is built from (at start, and on a config reload): the
+    whole config with one upstream, else `Config.for_route`."""
+    return config.for_route(name) if config.aggregating else config
+
+
 def build_routes(
     app: web.Application, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
 ) -> list[Route]:
@@ -45,7 +51,7 @@ def build_routes(
         Route(
             upstream.name,
             SERVERS_PATH.format(name=upstream.name),
-            scoped := config.for_route(upstream.name),
+            scoped := route_config(config, upstream.name),
             start_upstream(app, scoped, metrics, budget, None),
         )
         for upstream in config.named_upstreams()
@@ -56,6 +62,6 @@ def build_routes(
         config.server.initialize_timeout_s,
         budget=budget,
     )
-    main = config.for_route(None)
+    main = route_config(config, None)
     routes.append(Route(None, config.server.path, main, start_upstream(app, main, metrics, budget, aggregate)))
     return routes

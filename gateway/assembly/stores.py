@@ -95,6 +95,13 @@ def build_stores(config: Config, metrics: Metrics | None = None) -> Stores:
     assert_never(kind)
 
 
+def retain(stores: Stores, config: Config) -> None:
+    """Bound the open stores by `[retention]` (a config reload; `build_stores` bounds them at start)."""
+    retention = config.retention
+    stores.log.retain(retention.max_events_per_task, retention.max_event_age_s)
+    stores.tasks.retain(outcome_cap(retention), retention.terminal_retention_s)
+
+
 def describe_store(store: StoreConfig) -> str:
     """The store's kind and place, for the start-up line (never a Redis password)."""
     if store.kind == "sqlite":

@@ -50,8 +50,13 @@ class Tasks:
     passthrough: Passthrough
 
 
+def make_capture(config: Config) -> Capture:
+    """What task events record (`[[rules]]`); made anew on a config reload."""
+    return Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+
+
 def build_task_core(app: web.Application, config: Config, stores: Stores, metrics: Metrics) -> TaskCore:
-    capture = Capture(config.rules, config.events.prefix, config.retention.max_payload_bytes)
+    capture = make_capture(config)
     registry = TaskRegistry(
         config.tasks,
         config.retention,

@@ -18,7 +18,16 @@ from gateway.config.auth import (
     check_claims,
 )
 from gateway.config.events import CaptureRule, EventsConfig, default_rules
-from gateway.config.file import Config, ConfigError, describe_errors, load_config, unknown_key
+from gateway.config.file import (
+    Config,
+    ConfigError,
+    ConfigUnreadable,
+    describe_errors,
+    load_config,
+    parse_config,
+    read_config_bytes,
+    unknown_key,
+)
 from gateway.config.listen import parse_listen, url_host
 from gateway.config.logging import LoggingConfig
 from gateway.config.retention import RetentionConfig
@@ -62,6 +71,7 @@ __all__ = [
     "ClaimValue",
     "Config",
     "ConfigError",
+    "ConfigUnreadable",
     "EventsConfig",
     "HttpUpstreamConfig",
     "IntrospectionConfig",
@@ -86,7 +96,9 @@ __all__ = [
     "default_rules",
     "describe_errors",
     "load_config",
+    "parse_config",
     "parse_listen",
+    "read_config_bytes",
     "route_config",
     "ui_problems",
     "unknown_key",

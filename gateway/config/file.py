@@ -87,15 +87,32 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message names the key and the reason."""
 
 
+class ConfigUnreadable(ConfigError):
+    """The config file cannot be read at all (missing, not permitted)."""
+
+
 def load_config(path: str | Path | None) -> Config:
     """Read and validate a TOML config file; None gives the defaults."""
     if path is None:
         return Config()
+    return parse_config(read_config_bytes(path), path)
+
+
+def read_config_bytes(path: str | Path) -> bytes:
+    """The config file's bytes; ConfigUnreadable saying why not."""
     try:
         with open(path, "rb") as file:
-            raw = tomllib.load(file)
+            return file.read()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ConfigUnreadable(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def parse_config(data: bytes, path: str | Path) -> Config:
+    """Validate the bytes of the config file at `path` (named in the error)."""
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:

@@ -141,6 +141,11 @@ class EdgeAuth:
         ]
 
     @property
+    def key(self) -> bytes:
+        """The principals' hash key (a reload's new `EdgeAuth` keeps it: callers must hash the same)."""
+        return self._key
+
+    @property
     def enabled(self) -> bool:
         return self.config.mode != "none"
 

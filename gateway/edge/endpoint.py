@@ -132,6 +132,15 @@ class McpEndpoint:
         self._stream_write_timeout_s = stream_write_timeout_s
         self._relay = RelaySettings(metrics, config.keepalive_s, config.flush_interval_ms / 1000)
 
+    def reconfigure(self, auth: EdgeAuth, rules: AuthConfig) -> None:
+        """Authenticate with `auth` and apply `rules` (`[[auth.rules]]`, `[auth.limits]`) to the requests
+        that come from now on (a config reload); requests under way finish under what they started with,
+        and what principals hold against their limits is kept."""
+        before, self._auth = self._scope.rules, auth
+        self._scope = dataclasses.replace(self._scope, rules=rules)
+        if self._limits is not None and (rules.limits, rules.rules) != (before.limits, before.rules):
+            self._limits.configure(rules.limits, rules.rules)
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         principal: Principal | None = None
         try:

@@ -97,13 +97,19 @@ class PrincipalLimits:
     def __init__(
         self, config: AuthLimits, clock: Callable[[], float] = time.monotonic, rules: Sequence[AuthRule] = ()
     ) -> None:
-        self._config = config
         self._clock = clock
-        self._requests = TokenBuckets(config.burst / config.requests_per_s, clock)
-        refill_s = [rule.burst / rule.requests_per_s for rule in rules if rule.burst and rule.requests_per_s]
-        self._tool_calls = TokenBuckets(max(refill_s), clock) if refill_s else None
         self._lookups: dict[str, _Lookups] = {}
         self._streams: dict[str, int] = {}
+        self.configure(config, rules)
+
+    def configure(self, config: AuthLimits, rules: Sequence[AuthRule]) -> None:
+        """Enforce `config` and the rules' rates from now on (at start, and on a config reload). What
+        principals hold (open streams, failed lookups in the window) is kept; the rate buckets start
+        full again."""
+        self._config = config
+        self._requests = TokenBuckets(config.burst / config.requests_per_s, self._clock)
+        refill_s = [rule.burst / rule.requests_per_s for rule in rules if rule.burst and rule.requests_per_s]
+        self._tool_calls = TokenBuckets(max(refill_s), self._clock) if refill_s else None
 
     def admit(self, owner: str) -> None:
         """One request of `owner`: a token from its bucket, or RateLimited."""

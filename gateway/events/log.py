@@ -103,6 +103,16 @@ class EventLog(ABC):
     renumbers or reuses a seq, also after ``delete`` (while its tombstone lives).
     """
 
+    _max_events: int
+    _max_age: float
+
+    def retain(self, max_events_per_task: int, max_event_age_s: float = math.inf) -> None:
+        """Bound every log by these from now on (at start, and on a config reload): a log over them is
+        trimmed at its next append (and, by age, as it is read)."""
+        check_retention(max_events_per_task, max_event_age_s)
+        self._max_events = max_events_per_task
+        self._max_age = max_event_age_s
+
     @abstractmethod
     async def append(
         self,
@@ -306,9 +316,7 @@ class MemoryEventLog(EventLog):
         max_event_age_s: float = math.inf,
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
     ) -> None:
-        check_retention(max_events_per_task, max_event_age_s)
-        self._max_events = max_events_per_task
-        self._max_age = max_event_age_s
+        self.retain(max_events_per_task, max_event_age_s)
         self._tombstone_ttl = tombstone_ttl_s
         self._clock = clock
         self._logs: dict[str, _TaskLog] = {}

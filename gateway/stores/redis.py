@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 from redis.exceptions import ResponseError
 
-from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, StoredEvent, check_retention
+from gateway.events.log import DEFAULT_TOMBSTONE_TTL_S, EventLog, LogBounds, StoredEvent
 from gateway.stores import redis_scripts as lua
 from gateway.stores.redis_backend import (
     RedisBackend,
@@ -105,6 +105,10 @@ class RedisTaskStore(TaskStore):
         self._client: Any = backend.client  # replies are bytes (decode_responses is off); the stubs say str too
         self._retention = terminal_retention_s
         self._clock = clock
+
+    def retain(self, max_outcome_bytes: int, terminal_retention_s: float | None = None) -> None:
+        super().retain(max_outcome_bytes)
+        self._retention = terminal_retention_s
 
     @unavailable_as_store_error
     async def create(self, record: TaskRecord) -> None:
@@ -323,11 +327,9 @@ class RedisEventLog(EventLog):
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
         safety_poll_s: float = SAFETY_POLL_S,
     ) -> None:
-        check_retention(max_events_per_task, max_event_age_s)
+        self.retain(max_events_per_task, max_event_age_s)
         self._backend = backend.use()
         self._client: Any = backend.client  # replies are bytes (decode_responses is off); the stubs say str too
-        self._max_events = max_events_per_task
-        self._max_age = max_event_age_s
         self._tombstone_ms = max(1, int(tombstone_ttl_s * 1000))
         self._clock = clock
         self._safety_poll_s = safety_poll_s

@@ -53,7 +53,6 @@ from gateway.events.log import (
     LogBounds,
     LogSealed,
     StoredEvent,
-    check_retention,
 )
 from gateway.stores.sqlite import KNOWN_STATES, Committed, SqliteDatabase
 
@@ -233,10 +232,8 @@ class SqliteEventLog(EventLog):
         max_event_age_s: float = math.inf,
         tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
     ) -> None:
-        check_retention(max_events_per_task, max_event_age_s)
+        self.retain(max_events_per_task, max_event_age_s)
         self._db = database.acquire()
-        self._max_events = max_events_per_task
-        self._max_age = max_event_age_s
         self._tombstone_ttl = tombstone_ttl_s
         self._clock = clock
         self._waiters: dict[str, _Waiters] = {}

@@ -26,7 +26,8 @@ class FactGatherer:
 
     def __init__(self, upstream: Upstream, tasks: TasksConfig, probe_timeout_s: float) -> None:
         self._upstream = upstream
-        self._tasks = tasks
+        self.tasks = tasks
+        """The task policies calls are judged by (replaced on a config reload)."""
         self._probe_timeout_s = probe_timeout_s
         self._tool_marks: weakref.WeakKeyDictionary[Session, ToolMarks] = weakref.WeakKeyDictionary()
         """Per legacy session whose upstream has Tasks: what its tools/list says of each tool's tasks."""
@@ -53,7 +54,7 @@ class FactGatherer:
         if call.method != "tools/call" or session is None or not isinstance(name, str):
             return UpstreamSupport.UNKNOWN
         may_be_task = call.dialect.may_create_task(call.message)
-        if not (may_be_task or policy_support(self._tasks.policy_for(name), call.era) == "required"):
+        if not (may_be_task or policy_support(self.tasks.policy_for(name), call.era) == "required"):
             # A plain call of a tool the gateway would not require as a task: the upstream answers it
             # whoever would host the tool's tasks.
             return UpstreamSupport.UNKNOWN

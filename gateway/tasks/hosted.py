@@ -70,7 +70,8 @@ class HostedTasks:
         self.input = TaskInput(registry)
         self.reads = TaskReads(registry.store, registry.log)
         self._config = config
-        self._retention = retention
+        self.retention = retention
+        """`[retention]`, as advertised in `eventStreams` (replaced on a config reload)."""
         self._events = events
         self._runners: set[asyncio.Task[None]] = set()
         self.leases: LeaseStore | None = None
@@ -80,10 +81,10 @@ class HostedTasks:
 
     def event_streams_capability(self) -> dict[str, int]:
         return {
-            "maxEventsPerTask": self._retention.max_events_per_task,
-            "maxEventAgeMs": int(self._retention.max_event_age_s * 1000),
-            "terminalRetentionMs": int(self._retention.terminal_retention_s * 1000),
-            "maxPayloadBytes": self._retention.max_payload_bytes,
+            "maxEventsPerTask": self.retention.max_events_per_task,
+            "maxEventAgeMs": int(self.retention.max_event_age_s * 1000),
+            "terminalRetentionMs": int(self.retention.terminal_retention_s * 1000),
+            "maxPayloadBytes": self.retention.max_payload_bytes,
         }
 
     def advertise(self, result: dict[str, Any], dialect: Dialect) -> dict[str, Any]:

@@ -230,7 +230,8 @@ class TaskRegistry:
         self._config = config
         self._metrics = metrics
         self._record_events = record_events
-        self._retention = retention
+        self.retention = retention
+        """`[retention]`: what outcomes and ended tasks' logs are kept (replaced on a config reload)."""
         self.store = store
         self.log = event_log
         self.capture = capture
@@ -361,7 +362,7 @@ class TaskRegistry:
         wall, monotonic = time.time(), time.monotonic()
         evicted: list[tuple[str, int]] = []
         for at, live in sorted(ended, key=lambda pair: pair[0]):
-            retention_left = at + self._retention.terminal_retention_s - wall
+            retention_left = at + self.retention.terminal_retention_s - wall
             self._log_expiry[live.record.id] = monotonic + max(retention_left, 0.0)
             if live.outcome_bytes is not None:
                 evicted += await self._keep(live.record.id, live.outcome_bytes)
@@ -506,7 +507,7 @@ class TaskRegistry:
         outcome and the task's waiters. False when another writer changed the status first."""
         kept, encoded = None, None
         if status.terminal and outcome is not None:
-            kept, encoded = bounded(outcome, self._retention.max_result_bytes)
+            kept, encoded = bounded(outcome, self.retention.max_result_bytes)
         summary = summarize_outcome(status.value, kept) if status.terminal else None
         bodies = [self.capture.encode(note) for note in notes] if self._record_events else []
         bodies += self._status_bodies(status, message, summary, reason)
@@ -551,7 +552,7 @@ class TaskRegistry:
     def _wind_down(self, task: Task) -> None:
         """`WAKE_WAITERS`: the task ended here; its input is settled, its log's deletion is due."""
         task.settle_input()
-        self._log_expiry[task.id] = time.monotonic() + self._retention.terminal_retention_s
+        self._log_expiry[task.id] = time.monotonic() + self.retention.terminal_retention_s
         task.done.set()
 
     def _status_bodies(
@@ -603,7 +604,7 @@ class TaskRegistry:
             return []
         task.phase = transition.phase
         cause = f"the task store could not take the task's writes: {why}"
-        kept, encoded = bounded(store_unavailable_outcome(cause), self._retention.max_result_bytes)
+        kept, encoded = bounded(store_unavailable_outcome(cause), self.retention.max_result_bytes)
         summary = summarize_outcome(TaskStatus.FAILED.value, kept)
         bodies = self._status_bodies(TaskStatus.FAILED, cause, summary, STORE_UNAVAILABLE)
         kept_summary = bounded_summary(summary)
@@ -669,7 +670,7 @@ class TaskRegistry:
 
     async def _record_evictions(self, evicted: list[tuple[str, int]]) -> None:
         """Note in each evicted task's log that its result was evicted, and how large it was."""
-        budget = self._retention.results_budget_bytes
+        budget = self.retention.results_budget_bytes
         for victim_id, size in evicted:
             evicted_event = self.capture.lifecycle("result.evicted", size=size, budget=budget)
             await self._record(victim_id, (evicted_event,), epilogue=True)
@@ -678,7 +679,7 @@ class TaskRegistry:
         """Count the task's kept outcome (`size` bytes) against the budget, first evicting the oldest
         kept outcomes until it fits; the ids of the tasks evicted, with the bytes each gave up. The
         budget's bookkeeping is done before the first await, so it is never seen half done."""
-        budget = self._retention.results_budget_bytes
+        budget = self.retention.results_budget_bytes
         evicted: list[tuple[str, int]] = []
         replaced: list[tuple[str, bytes]] = []
         while self._kept and self.kept_bytes + size > budget:

@@ -94,6 +94,12 @@ class TaskService:
         (per process: a task's streams on other replicas are not counted)."""
         self._facts = FactGatherer(upstream, tasks, server.initialize_timeout_s)
 
+    def use_policies(self, tasks: TasksConfig) -> None:
+        """Plan the calls that come from now on by `tasks` (its `[[tasks.tools]]` policies: a config
+        reload); calls and tasks under way keep the plan they were made with."""
+        self._tasks = tasks
+        self._facts.tasks = tasks
+
     # -- a legacy session's own messages ------------------------------------------------------------
 
     def initialized(self, session: Session, result: dict[str, Any]) -> dict[str, Any]:

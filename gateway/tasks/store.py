@@ -61,6 +61,11 @@ class TaskStore(ABC):
     """
 
     def __init__(self, max_outcome_bytes: int) -> None:
+        TaskStore.retain(self, max_outcome_bytes)
+
+    def retain(self, max_outcome_bytes: int, terminal_retention_s: float | None = None) -> None:
+        """Keep outcomes up to `max_outcome_bytes` from now on (at start, and on a config reload); a
+        store that expires terminal records itself (Redis) keeps new ones `terminal_retention_s`."""
         if max_outcome_bytes < 1:
             raise ValueError(f"max_outcome_bytes must be at least 1, got {max_outcome_bytes}")
         self.max_outcome_bytes = max_outcome_bytes
