@@ -4,7 +4,8 @@
 tasks, edge, health); each owns its parts, routes, start and stop. Besides the MCP endpoint the app
 serves `/healthz` (liveness: 200 while the process serves), `/readyz` (readiness: 200 only while the
 upstream is usable, see `gateway.readiness`) and `/metrics` (or, with `[server] metrics_listen`,
-`/metrics` only on that address: `gateway.metrics_listener`). `serve` binds the listeners and runs it.
+`/metrics` only on that address: `gateway.metrics_listener`). `serve` binds the listeners and runs it,
+draining it after SIGTERM before it stops (`gateway.drain`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gateway.assembly.stores import Stores, build_stores, describe_store, open_s
 from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_tasks
 from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
+from gateway.drain import Drain
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
 from gateway.readiness import upstream_name
 from gateway.tls import tls_context
@@ -36,7 +38,20 @@ from gateway.upstream.base import Upstream
 log = logging.getLogger("gateway")
 
 # What embedding programs (bench/, the demo), the CLI and the tests import from here.
-__all__ = ["CONNECTIONS", "METRICS", "REGISTRY", "ListenError", "Stores", "build_app", "build_stores", "serve"]
+__all__ = [
+    "CONNECTIONS",
+    "DRAIN",
+    "METRICS",
+    "REGISTRY",
+    "ListenError",
+    "Stores",
+    "build_app",
+    "build_stores",
+    "serve",
+]
+
+DRAIN = web.AppKey("drain", Drain)
+"""The app's drain: begun and waited for by `serve` after SIGTERM."""
 
 
 def build_app(config: Config, upstream: Upstream | None = None) -> web.Application:
@@ -50,15 +65,16 @@ def build_app(config: Config, upstream: Upstream | None = None) -> web.Applicati
     budget = build_budget(config, metrics)
     routes = build_routes(app, config, metrics, budget, upstream)
     sessions = {route.name: build_sessions(app, route.config, route.upstream, metrics, budget) for route in routes}
+    drain = app[DRAIN] = Drain(config.server.drain_timeout_s)
     core = build_task_core(app, config, stores, metrics)
-    tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics) for route in routes}
+    tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics, drain.started) for route in routes}
     run_tasks(app, core, stores, tasks)
     rejections = build_edge(app, config, metrics)
-    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics)
+    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics, drain)
     for route in routes:
         unavailable = health.unavailable(route.name)
         build_endpoint(
-            app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable
+            app, route, sessions[route.name], tasks[route.name], auth, metrics, rejections, budget, unavailable, drain
         )
     return app
 
@@ -128,9 +144,12 @@ def _listening_socket(
     return sock
 
 
-async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening. ListenError
-    when the listen address cannot be bound, before anything else has started."""
+async def serve(
+    config: Config, on_ready: Callable[[str], None] | None = None, drain_requested: asyncio.Event | None = None
+) -> None:
+    """Run until cancelled (SIGINT, a second SIGTERM), or until `drain_requested` is set (SIGTERM) and the
+    drain has settled (`gateway.drain`); `on_ready` gets the client URL once listening. ListenError when
+    the listen address cannot be bound, before anything else has started."""
     tls = tls_context(config.server)
     sockets = await bind_listeners(config.server.listen)
     try:
@@ -173,7 +192,8 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
             )
             if on_ready is not None:
                 on_ready(url)
-            await asyncio.Event().wait()
+            await (drain_requested or asyncio.Event()).wait()
+            await app[DRAIN].settle()
         finally:
             await runner.cleanup()
     finally:

@@ -325,6 +325,7 @@ def _check_store(path: str, config: Config) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import ListenError, serve
+    from gateway.drain import sigterm_handler
     from gateway.logs import setup_logging
 
     config = _apply_flags(load_config(args.config), args)
@@ -343,10 +344,12 @@ def _serve(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+        # SIGINT (Ctrl-C) stops at once; SIGTERM drains first, and a second SIGTERM stops at once.
+        drain_requested = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, sigterm_handler(drain_requested, task))
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, announce)
+            await serve(config, announce, drain_requested)
 
     try:
         asyncio.run(run())
