@@ -337,7 +337,10 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.logging.level, config.logging.format)
     _check_exposure(config)
 
+    listening = asyncio.Event()
+
     def announce(url: str) -> None:
+        listening.set()
         print(f"mcp-task-gateway listening on {url}", flush=True)
 
     async def run() -> None:
@@ -347,7 +350,7 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGINT (Ctrl-C) stops at once; SIGTERM drains first, and a second SIGTERM stops at once.
         drain_requested = asyncio.Event()
         loop.add_signal_handler(signal.SIGINT, task.cancel)
-        loop.add_signal_handler(signal.SIGTERM, sigterm_handler(drain_requested, task))
+        loop.add_signal_handler(signal.SIGTERM, sigterm_handler(drain_requested, task, listening))
         with contextlib.suppress(asyncio.CancelledError):
             await serve(config, announce, drain_requested)
 

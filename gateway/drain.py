@@ -26,11 +26,12 @@ DRAINING = "draining"
 REFUSAL = "this replica is draining before it stops; send new requests to another replica"
 
 
-def sigterm_handler(requested: asyncio.Event, task: asyncio.Task[None]) -> Callable[[], None]:
-    """The SIGTERM handler of `serve`'s task: the first asks for a drain, a second stops at once."""
+def sigterm_handler(requested: asyncio.Event, task: asyncio.Task[None], listening: asyncio.Event) -> Callable[[], None]:
+    """The SIGTERM handler of `serve`'s task: the first asks for a drain once the gateway is `listening`
+    (before, there is nothing to drain: it stops at once), a second stops at once."""
 
     def on_sigterm() -> None:
-        if requested.is_set():
+        if requested.is_set() or not listening.is_set():
             task.cancel()
         requested.set()
 

@@ -164,11 +164,20 @@ async def test_settle_waits_for_the_requests_in_flight_and_no_longer_than_the_ti
 
 
 async def test_the_first_sigterm_asks_for_a_drain_and_a_second_cancels() -> None:
-    requested = asyncio.Event()
+    requested, listening = asyncio.Event(), asyncio.Event()
+    listening.set()
     serving = asyncio.create_task(asyncio.Event().wait())
-    on_sigterm = sigterm_handler(requested, serving)
+    on_sigterm = sigterm_handler(requested, serving, listening)
     on_sigterm()
     assert requested.is_set() and not serving.cancelling()
     on_sigterm()
     assert serving.cancelling()
     await asyncio.gather(serving, return_exceptions=True)
+
+
+async def test_a_sigterm_before_the_gateway_listens_stops_it_at_once() -> None:
+    requested, listening = asyncio.Event(), asyncio.Event()
+    starting = asyncio.create_task(asyncio.Event().wait())
+    sigterm_handler(requested, starting, listening)()
+    assert starting.cancelling()
+    await asyncio.gather(starting, return_exceptions=True)
