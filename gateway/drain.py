@@ -51,6 +51,10 @@ class Drain:
     def draining(self) -> bool:
         return self.started.is_set()
 
+    def unready(self) -> dict[str, str] | None:
+        """/readyz's 503 body while draining (out of the load balancer at once), else None."""
+        return {"status": DRAINING, "reason": "the replica is draining before it stops"} if self.draining else None
+
     def refusal(self, request_id: RequestId | None = None) -> Unavailable | None:
         """The 503 a new request gets while the replica drains, else None."""
         return Unavailable(DRAINING, REFUSAL, request_id=request_id) if self.draining else None

@@ -88,7 +88,7 @@ def build_health(
 
     async def healthz(_: web.Request) -> web.Response:
         body = {
-            "status": ("draining" if drain.draining else "ok") if serving.is_set() else "stopping",
+            "status": (DRAINING if drain.draining else "ok") if serving.is_set() else "stopping",
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
             "upstream": health.statuses(),
@@ -100,10 +100,8 @@ def build_health(
     async def readyz(_: web.Request) -> web.Response:
         if not serving.is_set():
             return json_response({"status": "stopping"}, 503)
-        if drain.draining:  # out of the load balancer at once, while what is in flight ends
-            return json_response({"status": DRAINING, "reason": "the replica is draining before it stops"}, 503)
-        if (problem := store_health.problem) is not None:
-            return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
+        if (unready := drain.unready() or store_health.unready()) is not None:
+            return json_response(unready, 503)
         body, ready = health.ready()
         return json_response(body, 200 if ready else 503)
 
@@ -116,8 +114,7 @@ def build_health(
         await every.stop()
         await store_health.stop()
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     app.cleanup_ctx.append(checking)
     return health
 
