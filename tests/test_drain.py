@@ -8,6 +8,8 @@ them on the test's own `redis-server` for the hand-over. What must hold:
   empty result, and its reader resumes on replica B with `after` = the last seq it saw; what it reads
   on A then B is exactly B's whole history of the task (nothing lost or doubled); A hands the task over
   as it stops (B ends it without waiting for A's long lease) and A exits 0 within `drain_timeout_s`;
+* a task the upstream holds (server-everything over HTTP), watched by A: after A's drain B watches it
+  again and it completes, the reader's events on A then B again its whole history;
 * while draining, a new request (a new session, a request in an open one, a GET stream) gets 503 with
   `Retry-After` and the `draining` error, /healthz stays 200, and a notification still gets through;
 * a second SIGTERM during the drain stops the gateway at once, the call in flight or not.
@@ -28,8 +30,10 @@ from gateway.client import GatewayClient
 from gateway.drain import DRAINING, Drain, sigterm_handler
 from gateway.protocol import jsonrpc
 from tests.conftest import EXAMPLE_SERVER, RunningGateway, start_gateway
-from tests.test_redis_failover import WAIT, two_replicas, until
+from tests.redis_server import RedisServer, fresh_prefix
+from tests.test_redis_failover import LEASE_TTL_S, WAIT, two_replicas, until
 from tests.test_restart import kind, read_events
+from tests.test_upstream_with_tasks import TOOL, http_upstream
 from tests.wire import LEGACY, Client
 
 DRAIN_TIMEOUT_S = 20.0
@@ -100,6 +104,45 @@ async def test_sigterm_drains_a_replica_its_call_completes_and_its_stream_resume
     assert kinds[-3:] == ["task.owner_lost", "task.status", "task.terminal"], kinds[-5:]
     assert task["status"] == "failed" and "stopped renewing its lease" in task["statusMessage"], task
     assert any("drained: nothing in flight" in line for line in a.output), a.output_text()[-2000:]
+
+
+async def test_a_pass_through_task_handed_over_at_the_drain_completes_on_the_other_replica(tmp_path: Path) -> None:
+    """server-everything over HTTP holds the task and A watches it: after A's drain, B watches it again
+    (A handed its lease over) and the task completes; the reader's A-then-B events are its history."""
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    try:
+        prefix = fresh_prefix()
+        # A's lease outlasts every wait here: only A's hand-over lets B watch the task.
+        a_config = redis.gateway_config(prefix, 10 * WAIT) + DRAINING_CONFIG
+        async with (
+            http_upstream(tmp_path) as (upstream_url, _),
+            start_gateway(upstream_url=upstream_url, config_text=a_config) as a,
+            start_gateway(upstream_url=upstream_url, config_text=redis.gateway_config(prefix, LEASE_TTL_S)) as b,
+            GatewayClient(a.url) as on_a,
+            GatewayClient(b.url) as on_b,
+        ):
+            task_id = await on_a.start_task(TOOL, {"topic": "drain"}, ttl_ms=60000)
+            assert task_id is not None
+            read_on_a: list[dict[str, Any]] = []
+            async with asyncio.timeout(WAIT), on_a.stream(task_id) as stream:
+                async for event in stream:
+                    read_on_a.append(event)
+                    if len(read_on_a) == 2:  # task.created, then the first status: the query runs on
+                        a.proc.send_signal(signal.SIGTERM)
+            assert stream.result == {}
+            assert await asyncio.wait_for(a.proc.wait(), DRAIN_TIMEOUT_S) == 0
+            read_on_b = await read_events(on_b, task_id, read_on_a[-1]["seq"], None)
+            history = await read_events(on_b, task_id, None, None)
+            task = (await on_b.get_task(task_id))["result"]
+    finally:
+        redis.stop()
+    assert read_on_a + read_on_b == history
+    assert [event["seq"] for event in history] == list(range(len(history)))
+    kinds = [kind(event) for event in history]
+    assert "capture.interrupted" in kinds, kinds
+    assert kinds[-2:] == ["task.status", "task.terminal"] and history[-2]["payload"]["status"] == "completed", history
+    assert task["status"] == "completed", task
 
 
 async def test_while_draining_new_requests_get_503_and_a_second_sigterm_stops_at_once(tmp_path: Path) -> None:
