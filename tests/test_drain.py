@@ -39,8 +39,8 @@ from tests.wire import LEGACY, Client
 DRAIN_TIMEOUT_S = 20.0
 """A's drain_timeout_s: the call in flight takes a few seconds of it."""
 DRAINING_CONFIG = f"[server]\ndrain_timeout_s = {DRAIN_TIMEOUT_S}\n"
-IN_FLIGHT_CALL = {"steps": 15, "delay": 0.2}
-"""The call in flight at the SIGTERM: about 3 s, long enough to be in flight throughout the checks."""
+IN_FLIGHT_CALL = {"steps": 30, "delay": 0.2}
+"""The call in flight at the SIGTERM: about 6 s, in flight throughout the checks (well within the drain)."""
 
 
 async def status_of(http: aiohttp.ClientSession, url: str) -> tuple[int, dict[str, Any]]:
@@ -93,7 +93,7 @@ async def test_sigterm_drains_a_replica_its_call_completes_and_its_stream_resume
         last_seq = read_on_a[-1]["seq"]
         read_on_b = await read_events(on_b, task_id, last_seq, None)  # live on B, to the task's end
         result = await call
-        assert result["content"][0]["text"] == "built 15 steps" and not result.get("isError"), result
+        assert result["content"][0]["text"] == "built 30 steps" and not result.get("isError"), result
         assert await asyncio.wait_for(a.proc.wait(), DRAIN_TIMEOUT_S) == 0
         history = await read_events(on_b, task_id, None, None)
         task = (await on_b.get_task(task_id))["result"]
