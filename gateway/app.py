@@ -5,7 +5,8 @@ tasks, edge, health, ui); each owns its parts, routes, start and stop. Besides t
 serves `/ui` (the task timeline page, `gateway.assembly.ui`), `/healthz` (liveness: 200 while the process
 serves), `/readyz` (readiness: 200 only while the upstream is usable, see `gateway.readiness`) and
 `/metrics` (or, with `[server] metrics_listen`, `/metrics` only on that address:
-`gateway.metrics_listener`). `serve` binds the listeners and runs it.
+`gateway.metrics_listener`). `serve` binds the listeners and runs it, draining it after SIGTERM before
+it stops (`gateway.drain`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_t
 from gateway.assembly.ui import build_ui
 from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
+from gateway.drain import Drain
 from gateway.edge.connections import AcceptErrors, GuardedSite, raise_file_limit
 from gateway.readiness import upstream_name
 from gateway.reload import ConfigReloader
@@ -40,7 +42,20 @@ from gateway.upstream.base import Upstream
 log = logging.getLogger("gateway")
 
 # What embedding programs (bench/, the demo), the CLI and the tests import from here.
-__all__ = ["CONNECTIONS", "METRICS", "REGISTRY", "ListenError", "Stores", "build_app", "build_stores", "serve"]
+__all__ = [
+    "CONNECTIONS",
+    "DRAIN",
+    "METRICS",
+    "REGISTRY",
+    "ListenError",
+    "Stores",
+    "build_app",
+    "build_stores",
+    "serve",
+]
+
+DRAIN = web.AppKey("drain", Drain)
+"""The app's drain: begun and waited for by `serve` after SIGTERM."""
 
 
 def build_app(
@@ -58,12 +73,15 @@ def build_app(
     budget = build_budget(config, metrics)
     routes = build_routes(app, config, metrics, budget, upstream)
     sessions = {route.name: build_sessions(app, route.config, route.upstream, metrics, budget) for route in routes}
+    drain = app[DRAIN] = Drain(config.server.drain_timeout_s)
     core = build_task_core(app, config, stores, metrics)
-    tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics) for route in routes}
+    tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics, drain.started) for route in routes}
     run_tasks(app, core, stores, tasks)
     rejections = build_edge(app, config, metrics)
     digest = (lambda: reloader.current.digest) if reloader is not None else (lambda: None)
-    health = build_health(app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics, digest)
+    health = build_health(
+        app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics, drain, digest
+    )
     endpoints = {
         route.name: build_endpoint(
             app,
@@ -75,6 +93,7 @@ def build_app(
             rejections,
             budget,
             health.unavailable(route.name),
+            drain,
         )
         for route in routes
     }
@@ -150,11 +169,15 @@ def _listening_socket(
 
 
 async def serve(
-    config: Config, on_ready: Callable[[str], None] | None = None, reloader: ConfigReloader | None = None
+    config: Config,
+    on_ready: Callable[[str], None] | None = None,
+    reloader: ConfigReloader | None = None,
+    drain_requested: asyncio.Event | None = None,
 ) -> None:
-    """Run until cancelled (SIGINT/SIGTERM); `on_ready` gets the client URL once listening. ListenError
-    when the listen address cannot be bound, before anything else has started. `reloader`: the config
-    file `config` was read from, to reload on request (SIGHUP, POST /admin/reload)."""
+    """Run until cancelled (SIGINT, a second SIGTERM), or until `drain_requested` is set (SIGTERM) and the
+    drain has settled (`gateway.drain`); `on_ready` gets the client URL once listening. ListenError when
+    the listen address cannot be bound, before anything else has started. `reloader`: the config file
+    `config` was read from, to reload on request (SIGHUP, POST /admin/reload)."""
     tls = tls_context(config.server)
     sockets = await bind_listeners(config.server.listen)
     try:
@@ -197,7 +220,8 @@ async def serve(
             )
             if on_ready is not None:
                 on_ready(url)
-            await asyncio.Event().wait()
+            await (drain_requested or asyncio.Event()).wait()
+            await app[DRAIN].settle()
         finally:
             await runner.cleanup()
     finally:

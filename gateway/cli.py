@@ -325,6 +325,7 @@ def _check_store(path: str, config: Config) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.app import ListenError, serve
+    from gateway.drain import sigterm_handler
     from gateway.logs import setup_logging
     from gateway.reload import ConfigReloader
 
@@ -338,18 +339,23 @@ def _serve(args: argparse.Namespace) -> int:
     setup_logging(config.logging.level, config.logging.format)
     _check_exposure(config)
 
+    listening = asyncio.Event()
+
     def announce(url: str) -> None:
+        listening.set()
         print(f"mcp-task-gateway listening on {url}", flush=True)
 
     async def run() -> None:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+        # SIGINT (Ctrl-C) stops at once; SIGTERM drains first, and a second SIGTERM stops at once.
+        drain_requested = asyncio.Event()
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, sigterm_handler(drain_requested, task, listening))
         loop.add_signal_handler(signal.SIGHUP, reloader.reload_soon)
         with contextlib.suppress(asyncio.CancelledError):
-            await serve(config, announce, reloader)
+            await serve(config, announce, reloader, drain_requested)
 
     try:
         asyncio.run(run())

@@ -333,6 +333,11 @@ class StoreHealth(BackgroundLoop):
             return f"the task store failed a request: {self._failure}"
         return None
 
+    def unready(self) -> dict[str, str] | None:
+        """/readyz's 503 body while the store cannot be used, else None."""
+        problem = self.problem
+        return None if problem is None else {"status": "unready", "store": "down", "reason": problem}
+
     async def _run(self) -> None:
         while True:
             was = self.problem

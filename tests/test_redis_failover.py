@@ -51,14 +51,15 @@ task_support = "optional"
 
 @contextlib.asynccontextmanager
 async def two_replicas(
-    tmp_path: Path, a_lease_ttl_s: float = LEASE_TTL_S
+    tmp_path: Path, a_lease_ttl_s: float = LEASE_TTL_S, a_config_extra: str = ""
 ) -> AsyncIterator[tuple[RunningGateway, RunningGateway]]:
-    """Replicas A and B on one Redis of the test's own (one key prefix); A's leases last `a_lease_ttl_s`."""
+    """Replicas A and B on one Redis of the test's own (one key prefix); A's leases last `a_lease_ttl_s`,
+    and A's config has `a_config_extra` (TOML sections) too."""
     redis = RedisServer(tmp_path / "redis")
     redis.start()
     try:
         prefix = fresh_prefix()
-        a_config = redis.gateway_config(prefix, a_lease_ttl_s) + DEPLOY_POLICY
+        a_config = redis.gateway_config(prefix, a_lease_ttl_s) + a_config_extra + DEPLOY_POLICY
         b_config = redis.gateway_config(prefix, LEASE_TTL_S) + DEPLOY_POLICY
         async with (
             start_gateway(upstream_cmd=EXAMPLE_SERVER, config_text=a_config) as a,

@@ -17,6 +17,7 @@ from gateway.assembly.routes import Route
 from gateway.assembly.tasks import Tasks
 from gateway.buffers import BufferBudget
 from gateway.config import Config
+from gateway.drain import Drain
 from gateway.edge.auth import EdgeAuth
 from gateway.edge.connections import ConnectionCount
 from gateway.edge.endpoint import EndpointScope, McpEndpoint
@@ -89,9 +90,10 @@ def build_endpoint(
     rejections: Rejections,
     budget: BufferBudget,
     unavailable: Callable[[], ProtocolError | None],
+    drain: Drain,
 ) -> McpEndpoint:
     """The MCP endpoint of `route`, built from its own config; `unavailable` refuses its requests while
-    its upstream cannot serve."""
+    its upstream cannot serve, `drain` once the replica drains."""
     config = route.config
     endpoint = McpEndpoint(
         config.server,
@@ -103,7 +105,9 @@ def build_endpoint(
         budget,
         auth,
         stream_write_timeout_s=config.tasks.stream_write_timeout_s,
-        scope=EndpointScope(route.name, config.auth, unavailable, hands_down_caller=config.exchanges_caller_tokens),
+        scope=EndpointScope(
+            route.name, config.auth, unavailable, drain, hands_down_caller=config.exchanges_caller_tokens
+        ),
     )
     app.router.add_route("*", route.path, endpoint.handle)
     return endpoint

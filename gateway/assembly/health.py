@@ -1,8 +1,9 @@
 """Builds the health of the gateway: `Readiness` (is each upstream usable), `StoreHealth` (can the task
-store be used), /healthz (liveness: 200 while the process serves) and /readyz (200 only while the store
-is and the upstream is, or with several upstreams, any or all of them: `[server] ready_when`). Started
-last and stopped first: the gateway serves, for these routes, only while all else runs. Each upstream's
-readiness also gates its own endpoint and the aggregate's view of its tools (`Health`, `wire_aggregate`)."""
+store be used), /healthz (liveness: 200 while the process serves, draining too) and /readyz (200 only
+while the replica is not draining (`gateway.drain`), the store is usable and the upstream is, or with
+several upstreams, any or all of them: `[server] ready_when`). Started last and stopped first: the
+gateway serves, for these routes, only while all else runs. Each upstream's readiness also gates its
+own endpoint and the aggregate's view of its tools (`Health`, `wire_aggregate`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gateway.assembly.routes import Route
 from gateway.assembly.stores import Stores
 from gateway.assembly.tasks import Tasks
 from gateway.config import Config
+from gateway.drain import DRAINING, Drain
 from gateway.edge.responder import json_response
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import ProtocolError
@@ -79,6 +81,7 @@ def build_health(
     sessions: list[SessionRegistry],
     tasks: list[Tasks],
     metrics: Metrics,
+    drain: Drain,
     config_digest: Callable[[], str | None] = lambda: None,
 ) -> Health:
     readiness = build_readiness(config, routes, metrics)
@@ -91,7 +94,7 @@ def build_health(
 
     async def healthz(_: web.Request) -> web.Response:
         body = {
-            "status": "ok" if serving.is_set() else "stopping",
+            "status": (DRAINING if drain.draining else "ok") if serving.is_set() else "stopping",
             "version": __version__,
             "uptime_s": round(time.monotonic() - started, 3),
             "upstream": health.statuses(),
@@ -103,8 +106,8 @@ def build_health(
     async def readyz(_: web.Request) -> web.Response:
         if not serving.is_set():
             return json_response({"status": "stopping"}, 503)
-        if (problem := store_health.problem) is not None:
-            return json_response({"status": "unready", "store": "down", "reason": problem}, 503)
+        if (unready := drain.unready() or store_health.unready()) is not None:
+            return json_response(unready, 503)
         body, ready = health.ready()
         return json_response(body, 200 if ready else 503)
 
@@ -117,8 +120,7 @@ def build_health(
         await every.stop()
         await store_health.stop()
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
     app.cleanup_ctx.append(checking)
     return health
 

@@ -8,6 +8,7 @@ upstream close, then hands its leases over so other replicas take its tasks at o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -74,13 +75,21 @@ def build_task_core(app: web.Application, config: Config, stores: Stores, metric
     return TaskCore(registry, hosted)
 
 
-def build_tasks(core: TaskCore, config: Config, upstream: Upstream, metrics: Metrics) -> Tasks:
-    """The task parts of one endpoint, from its own config (`Config.for_route`) and upstream."""
+def build_tasks(core: TaskCore, config: Config, upstream: Upstream, metrics: Metrics, draining: asyncio.Event) -> Tasks:
+    """The task parts of one endpoint, from its own config (`Config.for_route`) and upstream; its hosted
+    streams end when `draining` is set."""
     if isinstance(upstream, AggregateUpstream):  # the aggregate's tasks are each one upstream's tool's
         core.registry.upstream_of_tool = upstream.upstream_of
     passthrough = Passthrough(core.registry, upstream, config.tasks, metrics)
     service = TaskService(
-        core.hosted, passthrough, upstream, config.server, config.tasks, metrics, events_enabled=config.events.enabled
+        core.hosted,
+        passthrough,
+        upstream,
+        config.server,
+        config.tasks,
+        metrics,
+        events_enabled=config.events.enabled,
+        draining=draining,
     )
     return Tasks(core.registry, service, passthrough)
 

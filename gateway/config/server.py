@@ -73,6 +73,9 @@ class ServerConfig(Section):
     """With `[[upstreams]]`: /readyz answers 200 while any upstream is usable, or only while all are."""
     name_separator: str = "__"
     """With `[[upstreams]]`: what joins an upstream's name and a tool's (or prompt's) name at `path`."""
+    drain_timeout_s: float = Field(default=25.0, ge=0)
+    """After SIGTERM, how long the requests in flight may take to end before the gateway stops them and
+    hands its tasks over (`gateway.drain`); below Kubernetes' default 30 s grace period."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:

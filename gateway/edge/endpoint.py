@@ -23,6 +23,7 @@ from aiohttp import web
 
 from gateway.buffers import BufferBudget
 from gateway.config import AuthConfig, ServerConfig
+from gateway.drain import Drain
 from gateway.edge import checks
 from gateway.edge.auth import AuthRefused, EdgeAuth, presented_token
 from gateway.edge.limits import PrincipalLimits, RateLimited
@@ -94,6 +95,8 @@ class EndpointScope:
     """The `[[auth.rules]]` that apply here (`Config.for_route`)."""
     unavailable: Callable[[], ProtocolError | None] = lambda: None
     """The error every request gets while the endpoint's upstream is not usable (503, as /readyz)."""
+    drain: Drain = dataclasses.field(default_factory=lambda: Drain(0.0))
+    """The replica's drain: its POSTs are counted in flight; once it begins, new requests get 503."""
     hands_down_caller: bool = False
     """An upstream here acts for the caller (`token_exchange`): each call carries the caller's validated
     token down to it (`gateway.principal.with_caller`)."""
@@ -142,6 +145,12 @@ class McpEndpoint:
             self._limits.configure(rules.limits, rules.rules)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":  # a GET stream lasts as long as its session: never waited for
+            return await self._handle(request)
+        with self._scope.drain.track():
+            return await self._handle(request)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         principal: Principal | None = None
         try:
             checks.check_host(request.headers.get("Host"), self._config.allowed_hosts)
@@ -167,6 +176,8 @@ class McpEndpoint:
         if request.method == "POST":
             return await self._post(request, era, principal, self._legacy_post)
         if request.method == "GET":
+            if (draining := self._scope.drain.refusal()) is not None:
+                raise draining
             return await self._get_stream(request, principal)
         if request.method == "DELETE":
             return await self._delete(request, principal)
@@ -195,6 +206,10 @@ class McpEndpoint:
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
         try:
             kind = jsonrpc.classify(message)
+            # Draining: a new request is refused; a response or notification (an answer to a running
+            # call's question, a cancel) still reaches what is in flight.
+            if kind is Kind.REQUEST and (draining := self._scope.drain.refusal(message["id"])) is not None:
+                raise draining
             if kind is not Kind.RESPONSE:
                 check_fields(message)
             if kind is Kind.REQUEST:

@@ -19,7 +19,7 @@ from gateway.protocol.dialect import dialect_of
 from gateway.protocol.era import Era
 from gateway.protocol.jsonrpc import Message
 from gateway.tasks.plans import AwaitResult, StreamEvents
-from gateway.waiting import wait_any
+from gateway.waiting import either, wait_any
 
 RECORDED_END_WAIT_S = 5.0
 """How long a stream's final message waits for its task's record to show the end its log told."""
@@ -69,22 +69,24 @@ async def _deliver(plan: StreamEvents, responder: Responder) -> Message:
         note = {"progressToken": token, "progress": delivered, "message": f"{delivered} events delivered"}
         await responder.send([{"jsonrpc": "2.0", "method": "notifications/progress", "params": note}])
 
-    outcome = await run_stream(
-        plan.log,
-        plan.task_id,
-        plan.first_seq,
-        responder.write,
-        stop=plan.stop,
-        keepalive_s=plan.keepalive_s,
-        batch=plan.replay_batch,
-        on_batch=progress if token is not None else None,
-        flush_interval_s=plan.flush_interval_s,
-        write_now=responder.write_now,
-    )
-    if outcome is None and plan.recorded_end is not None:
-        # The log's last event is written before the record turns terminal (the registry's order): the
-        # final message waits for the record, bounded, as the store may hold that write in an outage.
-        await wait_any((plan.recorded_end, plan.stop), RECORDED_END_WAIT_S)
+    # A drain ends the stream as its task's end would: after the last complete event, with the empty result.
+    with either(plan.stop, plan.draining) as ending:
+        outcome = await run_stream(
+            plan.log,
+            plan.task_id,
+            plan.first_seq,
+            responder.write,
+            stop=ending,
+            keepalive_s=plan.keepalive_s,
+            batch=plan.replay_batch,
+            on_batch=progress if token is not None else None,
+            flush_interval_s=plan.flush_interval_s,
+            write_now=responder.write_now,
+        )
+        if outcome is None and plan.recorded_end is not None:
+            # The log's last event is written before the record turns terminal (the registry's order): the
+            # final message waits for the record, bounded, as the store may hold that write in an outage.
+            await wait_any((plan.recorded_end, ending), RECORDED_END_WAIT_S)
     if plan.stop.is_set():
         return jsonrpc.error_response(request_id, jsonrpc.REQUEST_CANCELLED, "Request cancelled")
     if outcome is not None:

@@ -160,6 +160,9 @@ class StreamEvents:
     recorded_end: asyncio.Event | None = None
     """Set once the task's record shows its end (the task's `done`, when this process runs it): the
     final message waits for it, so a client that reads the end and then asks `tasks/get` sees it."""
+    draining: asyncio.Event | None = None
+    """Set when this replica begins draining (`gateway.drain`): the stream ends with its normal empty
+    result after its last complete event, for its reader to resume with `after` on another replica."""
 
 
 class ResultWait(Protocol):

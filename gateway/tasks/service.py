@@ -77,6 +77,7 @@ class TaskService:
         metrics: Metrics,
         *,
         events_enabled: bool,
+        draining: asyncio.Event | None = None,
     ) -> None:
         self._hosted = hosted
         self._passthrough = passthrough
@@ -85,6 +86,8 @@ class TaskService:
         self._tasks = tasks
         self._metrics = metrics
         self._events_enabled = events_enabled
+        self._draining = draining
+        """Set when the replica begins draining: its hosted streams end (`StreamEvents.draining`)."""
         self.open_streams = 0
         """tasks/stream requests open on this gateway, bounded by `max_streams_total`."""
         self.store_failed: Callable[[BaseException], None] | None = None
@@ -464,6 +467,7 @@ class TaskService:
             replay_batch=tasks.replay_batch,
             flush_interval_s=tasks.stream_flush_interval_ms / 1000,
             recorded_end=task.done if (task := self._hosted.registry.find(record.id)) is not None else None,
+            draining=self._draining,
         )
 
     def _claim_stream(self, call: TaskCall, task_id: str) -> None:

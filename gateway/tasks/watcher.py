@@ -223,6 +223,12 @@ class TaskWatcher:
         return lost
 
     async def stop(self) -> None:
+        """Stop watching (a graceful stop). The conversations of tasks still running are left open
+        upstream: the process that takes them over (another replica, this one after a restart) rejoins
+        them to watch on (`Passthrough.resume`)."""
+        for channel, tasks in self._live.items():
+            if any(not task.terminal for task in tasks):
+                channel.leave_open()
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)

@@ -325,6 +325,11 @@ class UpstreamChannel(ABC):
     async def close(self) -> None:
         """End the conversation: in-flight exchanges fail, the upstream session or process ends."""
 
+    def leave_open(self) -> None:
+        """At a graceful stop, with tasks still running in this conversation: `close` ends it here only,
+        and leaves the upstream's side (an HTTP session) to whoever takes the tasks over."""
+        return None  # a stdio process ends with the gateway whatever is asked: nothing to leave
+
     async def park(self) -> bool:
         """Give back what an idle conversation holds (a stdio process) until its next request, which
         re-establishes it by replaying the handshake; the upstream loses its in-memory state of the

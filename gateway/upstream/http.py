@@ -133,6 +133,8 @@ class HttpChannel(UpstreamChannel):
         self._calls: set[_Call] = set()
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
+        self._left_open = False
+        """Closed without its DELETE: another process watches its tasks on from here (`leave_open`)."""
         self._log = UpstreamLog(logger, {"upstream": name})
 
     @property
@@ -179,6 +181,9 @@ class HttpChannel(UpstreamChannel):
     def set_unsolicited_handler(self, handler: UnsolicitedHandler | None) -> None:
         self._handler = handler
 
+    def leave_open(self) -> None:
+        self._left_open = True
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -197,7 +202,7 @@ class HttpChannel(UpstreamChannel):
         await asyncio.gather(*tasks, return_exceptions=True)
         for call in calls:
             call.exchange.fail(jsonrpc.INTERNAL_ERROR, "upstream session closed")
-        if self.session and self._session_id is not None:
+        if self.session and self._session_id is not None and not self._left_open:
             await self._delete_session()
 
     # -- requests -----------------------------------------------------------------------------------
