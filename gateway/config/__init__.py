@@ -33,6 +33,7 @@ from gateway.config.tasks import (
     TaskSupport,
     ToolTaskPolicy,
 )
+from gateway.config.telemetry import TelemetryConfig
 from gateway.config.upstream import (
     DEFAULT_UPSTREAM,
     UPSTREAM_NAME,
@@ -76,6 +77,7 @@ __all__ = [
     "StoreConfig",
     "TaskSupport",
     "TasksConfig",
+    "TelemetryConfig",
     "ToolTaskPolicy",
     "UpstreamAuthConfig",
     "UpstreamConfig",

@@ -19,6 +19,7 @@ from gateway.config.section import Section
 from gateway.config.server import ServerConfig
 from gateway.config.store import StoreConfig
 from gateway.config.tasks import TasksConfig
+from gateway.config.telemetry import TelemetryConfig
 from gateway.config.upstream import UpstreamConfig
 from gateway.config.upstreams import KeyProblems, require_entry_names, route_config, upstream_problems
 
@@ -36,6 +37,7 @@ class Config(Section):
     rules: list[CaptureRule] = Field(default_factory=default_rules)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway import telemetry
 from gateway.buffers import BufferBudget
 from gateway.config import AuthConfig, ServerConfig
 from gateway.edge import checks
@@ -94,6 +95,8 @@ class EndpointScope:
     """The `[[auth.rules]]` that apply here (`Config.for_route`)."""
     unavailable: Callable[[], ProtocolError | None] = lambda: None
     """The error every request gets while the endpoint's upstream is not usable (503, as /readyz)."""
+    upstream: str | None = None
+    """The name of the one upstream behind it, for traces; None for the aggregate of several."""
 
 
 PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
@@ -169,6 +172,7 @@ class McpEndpoint:
         return self._error_response(error)
 
     def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
+        telemetry.annotate(telemetry.ERROR_CODE, error.code)
         if isinstance(error, Overloaded):
             self._metrics.rejected.labels(limit=error.limit).inc()
         return error_response(error, era, retry_after_s=self._config.retry_after_s)
@@ -181,6 +185,14 @@ class McpEndpoint:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
+        telemetry.join(
+            message,
+            **{
+                telemetry.ERA: era.value,
+                telemetry.PRINCIPAL: principal.owner,
+                telemetry.UPSTREAM: self._scope.upstream,
+            },
+        )
         try:
             kind = jsonrpc.classify(message)
             if kind is not Kind.RESPONSE:
