@@ -15,6 +15,7 @@ linked). Outgoing, the current span goes to HTTP upstreams as `traceparent`/`tra
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -96,14 +97,16 @@ def start_tracing(config: TelemetryConfig) -> TracerProvider | None:
     return provider
 
 
-def stop_tracing(provider: TracerProvider | None) -> None:
-    """Export what is pending and stop the export thread (task spans still open end unexported)."""
+async def stop_tracing(provider: TracerProvider | None) -> None:
+    """Export what is pending and stop the export thread (task spans still open end unexported). In a
+    thread: with the collector down, the export takes up to the exporter's timeout (10 s by default,
+    `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`), and the event loop must not stall meanwhile."""
     global _tracer
     if provider is None:
         return
     _tracer = None
     _tasks.clear()
-    provider.shutdown()  # flushes the batch processor before its thread ends
+    await asyncio.to_thread(provider.shutdown)  # flushes the batch processor before its thread ends
 
 
 # -- request spans ---------------------------------------------------------------------------------

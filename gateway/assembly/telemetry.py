@@ -23,7 +23,7 @@ def build_telemetry(app: web.Application, config: Config) -> None:
         if provider is not None:
             log.info("tracing on", extra={"service": config.telemetry.service_name})
         yield
-        telemetry.stop_tracing(provider)
+        await telemetry.stop_tracing(provider)
 
     app.cleanup_ctx.append(tracing)
 
