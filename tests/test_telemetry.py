@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import json
 import secrets
+import shlex
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -25,7 +27,9 @@ from bench.tasks_stream import HEADERS, call, open_session
 from gateway import telemetry
 from gateway.app import build_app
 from gateway.config import Config, TelemetryConfig
-from tests.conftest import free_port, start_gateway
+from tests.conftest import EXAMPLE_SERVER, free_port, start_gateway
+from tests.wire import MODERN
+from tests.wire import Client as WireClient
 
 EXPORT_WAIT_S = 15.0
 EXPORTER_THREAD = "OtelBatchSpanRecordProcessor"
@@ -134,6 +138,13 @@ async def recording_proxy(target: str) -> AsyncIterator[tuple[str, list[Seen]]]:
             yield f"{base}/mcp", seen
 
 
+def in_trace(trace_id: str, name: str, **wanted: object) -> Callable[[Span], bool]:
+    """Matches the spans of trace `trace_id` named `name` with the `wanted` attributes."""
+    return lambda span: (
+        span.trace_id.hex() == trace_id and span.name == name and wanted.items() <= attributes(span).items()
+    )
+
+
 def caller_traceparent() -> tuple[str, str, str]:
     trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
     return f"00-{trace_id}-{span_id}-01", trace_id, span_id
@@ -167,12 +178,9 @@ async def test_a_call_joins_the_callers_trace_and_parents_the_upstreams(
         answer = await call(http, gateway.url, {**headers, "traceparent": traceparent}, "tools/call", echo("hi"))
         assert answer["result"]["content"][0]["text"] == "hi"
 
-        def in_trace(name: str) -> Callable[[Span], bool]:
-            return lambda span: span.trace_id.hex() == trace_id and span.name == name
-
-        request = await receiver.span(in_trace("tools/call echo"))
-        upstream = await receiver.span(in_trace(telemetry.UPSTREAM_SPAN))
-        relay = await receiver.span(in_trace(telemetry.RELAY_SPAN))
+        request = await receiver.span(in_trace(trace_id, "tools/call echo"))
+        upstream = await receiver.span(in_trace(trace_id, telemetry.UPSTREAM_SPAN, **{telemetry.METHOD: "tools/call"}))
+        relay = await receiver.span(in_trace(trace_id, telemetry.RELAY_SPAN))
         log_lines = [json.loads(line) for line in gateway.output if line.startswith("{")]
 
     assert request.parent_span_id.hex() == caller_span  # the gateway's root joined the caller's trace
@@ -202,6 +210,35 @@ async def test_a_call_joins_the_callers_trace_and_parents_the_upstreams(
     traced = [line for line in log_lines if line.get("trace_id") == trace_id]
     assert traced and {line["span_id"] for line in traced} <= {request.span_id.hex(), upstream.span_id.hex()}
     assert any("trace_id" not in line for line in log_lines)
+
+
+async def test_a_modern_calls_meta_traceparent_is_joined_and_passed_to_stdio_in_meta(
+    tmp_path: Path, fast_export: None
+) -> None:
+    """No header: the 2026-07-28 envelope's `_meta.traceparent` parents the request span, and the stdio
+    upstream gets the gateway's span in `params._meta.traceparent` (MCP's key)."""
+    traceparent, trace_id, caller_span = caller_traceparent()
+    sent = tmp_path / "sent.jsonl"
+    teed = ["sh", "-c", f"tee -a {shlex.quote(str(sent))} | exec {shlex.join(EXAMPLE_SERVER)}"]
+    async with (
+        otlp_receiver() as receiver,
+        start_gateway(upstream_cmd=teed, config_text=telemetry_config(receiver)) as gateway,
+        aiohttp.ClientSession() as http,
+    ):
+        client = WireClient(http, gateway.url, MODERN)
+        result = await client.result("tools/call", {**echo("modern"), "_meta": {"traceparent": traceparent}})
+        assert result["content"][0]["text"] == "modern"
+
+        request = await receiver.span(in_trace(trace_id, "tools/call echo"))
+        waited = await receiver.span(in_trace(trace_id, telemetry.STDIO_WAIT_SPAN))
+        upstream = await receiver.span(in_trace(trace_id, telemetry.UPSTREAM_SPAN, **{telemetry.METHOD: "tools/call"}))
+
+    assert request.parent_span_id.hex() == caller_span
+    assert attributes(request)[telemetry.ERA] == MODERN
+    assert waited.parent_span_id == request.span_id and upstream.parent_span_id == request.span_id
+    (line,) = [json.loads(line) for line in sent.read_text().splitlines() if '"tools/call"' in line]
+    _, received_trace, received_parent, _ = line["params"]["_meta"]["traceparent"].split("-")
+    assert (received_trace, received_parent) == (trace_id, upstream.span_id.hex())
 
 
 def echo(text: str) -> dict[str, Any]:
