@@ -23,19 +23,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.config import TelemetryConfig
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("gateway.telemetry")
 
@@ -88,6 +86,13 @@ def start_tracing(config: TelemetryConfig) -> TracerProvider | None:
     global _tracer
     if not config.enabled:
         return None
+    # Imported only when on: the exporter pulls in requests and protobuf (half a second at start).
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
     provider = TracerProvider(
         resource=Resource.create({SERVICE_NAME: config.service_name}),
         sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),

@@ -202,7 +202,7 @@ async def test_a_call_joins_the_callers_trace_and_parents_the_upstreams(
     # The upstream got the gateway's upstream span as its parent, in the W3C header.
     (received,) = [entry for entry in seen if entry.method == "tools/call"]
     assert received.traceparent is not None
-    version, received_trace, received_parent, flags = received.traceparent.split("-")
+    _, received_trace, received_parent, _ = received.traceparent.split("-")
     assert (received_trace, received_parent) == (trace_id, upstream.span_id.hex())
     assert "traceparent" not in received.meta  # a 2025-11-25 request: the header only
 
