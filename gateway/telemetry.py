@@ -129,10 +129,12 @@ class RequestTrace:
         self._started = time.time_ns()
         self._context_token: object = None
         self._current_token: contextvars.Token[RequestTrace | None] | None = None
+        self._task: asyncio.Task[Any] | None = None
         self.span: Span | None = None
 
     def __enter__(self) -> RequestTrace:
         self._current_token = _current.set(self)
+        self._task = asyncio.current_task()
         return self
 
     def open(self, meta: object = None) -> Span:
@@ -143,7 +145,8 @@ class RequestTrace:
             self.span = self._tracer.start_span(
                 self._name, context=parent, kind=SpanKind.SERVER, start_time=self._started
             )
-            self._context_token = otel_context.attach(trace.set_span_in_context(self.span, parent))
+            if asyncio.current_task() is self._task:  # current in the handler's context, not in a task it started
+                self._context_token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         return self.span
 
     def respond(self, status: int) -> None:
@@ -167,7 +170,7 @@ class RequestTrace:
 
 
 class _Untraced:
-    """`request_span` while tracing is off."""
+    """`request_span` while tracing is off, and the context of a request that gets no span."""
 
     def __enter__(self) -> _Untraced:
         return self
@@ -179,13 +182,13 @@ class _Untraced:
         return None
 
 
-_UNTRACED = _Untraced()
+UNTRACED = _Untraced()
 
 
 def request_span(method: str, path: str, headers: Mapping[str, str]) -> RequestTrace | _Untraced:
     """The span of one HTTP request (`with`; `respond` records its status)."""
     if _tracer is None:
-        return _UNTRACED
+        return UNTRACED
     return RequestTrace(_tracer, f"{method} {path}", headers)
 
 
@@ -237,16 +240,23 @@ def _child(name: str, attributes: Mapping[str, str | int]) -> Iterator[Span]:
         yield span
 
 
+def _in_trace() -> bool:
+    """A span is current: work done outside any request or task (readiness probes, the gateway's own
+    polls, start-up) makes no spans, which would each be a trace of its own."""
+    return trace.get_current_span().get_span_context().is_valid
+
+
 def span(name: str, **attributes: str | int) -> contextlib.AbstractContextManager[Span | None]:
-    """A child of the current span for a `with` block; a no-op while tracing is off."""
-    if _tracer is None:
+    """A child of the current span for a `with` block; a no-op while tracing is off or outside a trace."""
+    if _tracer is None or not _in_trace():
         return contextlib.nullcontext()
     return _child(name, attributes)
 
 
 def start_span(name: str, **attributes: str | int) -> Span | None:
-    """A child of the current span that outlives the block that starts it (the caller ends it); None off."""
-    if _tracer is None:
+    """A child of the current span that outlives the block that starts it (the caller ends it); None
+    while tracing is off or outside a trace."""
+    if _tracer is None or not _in_trace():
         return None
     return _tracer.start_span(name, attributes=attributes, kind=SpanKind.CLIENT)
 

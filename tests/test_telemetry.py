@@ -208,7 +208,8 @@ async def test_a_call_joins_the_callers_trace_and_parents_the_upstreams(
 
     # Log lines under the request's span carry its ids; lines outside any span carry none.
     traced = [line for line in log_lines if line.get("trace_id") == trace_id]
-    assert traced and {line["span_id"] for line in traced} <= {request.span_id.hex(), upstream.span_id.hex()}
+    ours = {span.span_id.hex() for span in (request, upstream, relay)}
+    assert traced and {line["span_id"] for line in traced} <= ours
     assert any("trace_id" not in line for line in log_lines)
 
 
@@ -341,8 +342,9 @@ async def test_trace_context_goes_into_meta_for_stdio_and_the_modern_envelope_on
             "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
         }
         modern = {**legacy, "params": {"name": "echo", "_meta": modern_meta}}
-        with telemetry.span("test") as span:
-            assert span is not None
+        assert provider is not None
+        assert telemetry.start_span("outside any trace") is None  # no current span: no orphan span either
+        with provider.get_tracer("test").start_as_current_span("test") as span:
             context = span.get_span_context()
             assert not context.trace_flags.sampled
             ours = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"

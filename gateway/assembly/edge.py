@@ -35,6 +35,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONNECTIONS = web.AppKey("connections", ConnectionCount)
 """The client connections `serve` holds against `[server] max_connections`."""
 
+MCP_PATHS = web.AppKey("mcp_paths", set[str])
+"""The MCP endpoints' paths: the requests that get a span (probes and /metrics get none)."""
+
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -42,7 +45,12 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     into a JSON-RPC error."""
     request_id = secrets.token_hex(6)
     started = time.perf_counter()
-    with telemetry.request_span(request.method, request.path, request.headers) as traced:
+    traced = (
+        telemetry.request_span(request.method, request.path, request.headers)
+        if telemetry.active() and request.path in request.app[MCP_PATHS]
+        else telemetry.UNTRACED
+    )
+    with traced:
         try:
             response = await handler(request)
         except web.HTTPException:
@@ -71,6 +79,7 @@ def build_edge(app: web.Application, config: Config, metrics: Metrics) -> Reject
     the app runs. Returns the refusal counter the endpoints report to."""
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     app[CONNECTIONS] = ConnectionCount(config.server, metrics)
+    app[MCP_PATHS] = set()
     # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
     framing_errors = FramingErrors(rejections)
 
@@ -112,3 +121,4 @@ def build_endpoint(
         scope=EndpointScope(route.name, config.auth, unavailable, upstream=upstream),
     )
     app.router.add_route("*", route.path, endpoint.handle)
+    app[MCP_PATHS].add(route.path)
