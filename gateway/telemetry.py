@@ -201,16 +201,15 @@ def join(message: Mapping[str, Any], **attributes: str | None) -> None:
     params = message.get("params")
     params = params if isinstance(params, dict) else {}
     span = request.open(params.get("_meta"))
+    found = {key: value for key, value in attributes.items() if value is not None}
     method = message.get("method")
     if isinstance(method, str):
         tool = params.get("name") if method == "tools/call" else None
         span.update_name(f"{method} {tool}" if isinstance(tool, str) else method)
-        span.set_attribute(METHOD, method)
+        found[METHOD] = method
         if isinstance(tool, str):
-            span.set_attribute(TOOL, tool)
-    for key, value in attributes.items():
-        if value is not None:
-            span.set_attribute(key, value)
+            found[TOOL] = tool
+    span.set_attributes(found)  # at once: each call takes the span's lock
     if isinstance(task_id := params.get("taskId"), str):
         link_task(task_id)
 
