@@ -232,6 +232,12 @@ def answered(message: Mapping[str, Any]) -> None:
         annotate(ERROR_CODE, code)
 
 
+def error_code(span: Span, error: Mapping[str, Any]) -> None:
+    """A JSON-RPC error's code on `span` (a code that is not an integer, as a string)."""
+    code = error.get("code")
+    span.set_attribute(ERROR_CODE, code if isinstance(code, int) else str(code))
+
+
 @contextlib.contextmanager
 def _child(name: str, attributes: Mapping[str, str | int]) -> Iterator[Span]:
     assert _tracer is not None

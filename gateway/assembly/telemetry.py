@@ -19,9 +19,10 @@ def build_telemetry(app: web.Application, config: Config) -> None:
     """Tracing for the app's life, when `[telemetry]` or the environment names an OTLP endpoint."""
 
     async def tracing(_: web.Application) -> AsyncIterator[None]:
-        provider = telemetry.start_tracing(effective(config.telemetry))
+        settings = effective(config.telemetry)
+        provider = telemetry.start_tracing(settings)
         if provider is not None:
-            log.info("tracing on", extra={"service": config.telemetry.service_name})
+            log.info("tracing on", extra={"service": settings.service_name, "sample_ratio": settings.sample_ratio})
         yield
         await telemetry.stop_tracing(provider)
 

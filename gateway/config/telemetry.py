@@ -1,6 +1,6 @@
 """`[telemetry]`: where OpenTelemetry traces go (off when no endpoint is set), the service name, and the
-share of new traces sampled. The standard `OTEL_*` environment variables fill what the file leaves unset
-(`effective`)."""
+share of new traces sampled. The standard `OTEL_*` environment variables fill what the file leaves at its
+default (`effective`)."""
 
 from __future__ import annotations
 

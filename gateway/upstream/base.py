@@ -153,7 +153,7 @@ class Exchange:
             return
         if jsonrpc.is_final(message):
             if self.span is not None and isinstance(error := message.get("error"), dict):
-                self.span.set_attribute(telemetry.ERROR_CODE, str(error.get("code")))
+                telemetry.error_code(self.span, error)
             self._settle()
         if self._detached:
             self._budget.dropped(1)
