@@ -1,6 +1,6 @@
 """Composition root: builds the gateway from a Config, feature by feature, and runs it on an aiohttp server.
 
-`build_app` calls one builder per feature (`gateway.assembly`: metrics, stores, auth, upstream, sessions,
+`build_app` calls one builder per feature (`gateway.assembly`: metrics, telemetry, stores, auth, upstream, sessions,
 tasks, edge, health, ui); each owns its parts, routes, start and stop. Besides the MCP endpoint the app
 serves `/ui` (the task timeline page, `gateway.assembly.ui`), `/healthz` (liveness: 200 while the process
 serves), `/readyz` (readiness: 200 only while the upstream is usable, see `gateway.readiness`) and
@@ -29,6 +29,7 @@ from gateway.assembly.routes import build_routes
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
 from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_tasks
+from gateway.assembly.telemetry import build_telemetry
 from gateway.assembly.ui import build_ui
 from gateway.assembly.upstream import build_budget
 from gateway.config import Config, parse_listen, url_host
@@ -68,6 +69,7 @@ def build_app(
     app = web.Application(middlewares=[request_context], client_max_size=config.server.max_body_bytes + 1)
     admin: list[web.RouteDef] = []
     metrics = build_metrics(app, config, admin)
+    build_telemetry(app, config)  # started before, and stopped after, everything that makes spans
     stores = open_stores(app, config, metrics)
     auth = build_auth(app, config, stores)
     budget = build_budget(config, metrics)

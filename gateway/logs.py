@@ -1,6 +1,7 @@
 """Logging setup: one JSON object per line, or a human format on a terminal.
 
-Fields passed with `extra=` (pid, session, request_id, ...) become JSON keys.
+Fields passed with `extra=` (pid, session, request_id, ...) become JSON keys; while tracing is on, a line
+logged under a span carries its `trace_id` and `span_id` (`gateway.telemetry.TraceIds`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import time
 from typing import Any
 
 import orjson
+
+from gateway.telemetry import TraceIds
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
@@ -43,6 +46,7 @@ def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     human = fmt == "human" or (fmt == "auto" and sys.stderr.isatty())
     handler.setFormatter(HumanFormatter() if human else JsonFormatter())
+    handler.addFilter(TraceIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

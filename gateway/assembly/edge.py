@@ -1,7 +1,7 @@
 """Builds the edge: the MCP endpoints (`[server] path`, and with several upstreams each one's
-`/servers/NAME/mcp`), the request context every HTTP request runs in (an id for the logs, an unexpected
-failure answered as a JSON-RPC error), the client connection count, and the counting of refused
-requests, malformed HTTP included."""
+`/servers/NAME/mcp`), the request context every HTTP request runs in (an id for the logs, a span while
+tracing is on, an unexpected failure answered as a JSON-RPC error), the client connection count, and the
+counting of refused requests, malformed HTTP included."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.log import server_logger
 
+from gateway import telemetry
 from gateway.assembly.routes import Route
 from gateway.assembly.tasks import Tasks
 from gateway.buffers import BufferBudget
@@ -35,31 +36,42 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONNECTIONS = web.AppKey("connections", ConnectionCount)
 """The client connections `serve` holds against `[server] max_connections`."""
 
+MCP_PATHS = web.AppKey("mcp_paths", set[str])
+"""The MCP endpoints' paths: the requests that get a span (probes and /metrics get none)."""
+
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Give each HTTP request an id for the logs, and turn an unexpected failure into a JSON-RPC error."""
+    """Give each HTTP request an id for the logs and (tracing on) a span, and turn an unexpected failure
+    into a JSON-RPC error."""
     request_id = secrets.token_hex(6)
     started = time.perf_counter()
-    try:
-        response = await handler(request)
-    except web.HTTPException:
-        raise
-    except Exception:
-        log.exception("request failed", extra={"request_id": request_id, "path": request.path})
-        response = json_response(jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "Internal error"), 500)
-    if not response.prepared:
-        response.headers["X-Request-Id"] = request_id
-    log.debug(
-        "http request",
-        extra={
-            "request_id": request_id,
-            "method": request.method,
-            "path": request.path,
-            "status": response.status,
-            "ms": round((time.perf_counter() - started) * 1000, 2),
-        },
+    traced = (
+        telemetry.request_span(request.method, request.path, request.headers)
+        if telemetry.active() and request.path in request.app[MCP_PATHS]
+        else telemetry.UNTRACED
     )
+    with traced:
+        try:
+            response = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception:
+            log.exception("request failed", extra={"request_id": request_id, "path": request.path})
+            response = json_response(jsonrpc.error_response(None, jsonrpc.INTERNAL_ERROR, "Internal error"), 500)
+        traced.respond(response.status)
+        if not response.prepared:
+            response.headers["X-Request-Id"] = request_id
+        log.debug(
+            "http request",
+            extra={
+                "request_id": request_id,
+                "method": request.method,
+                "path": request.path,
+                "status": response.status,
+                "ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
     return response
 
 
@@ -68,6 +80,7 @@ def build_edge(app: web.Application, config: Config, metrics: Metrics) -> Reject
     the app runs. Returns the refusal counter the endpoints report to."""
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     app[CONNECTIONS] = ConnectionCount(config.server, metrics)
+    app[MCP_PATHS] = set()
     # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
     framing_errors = FramingErrors(rejections)
 
@@ -95,6 +108,8 @@ def build_endpoint(
     """The MCP endpoint of `route`, built from its own config; `unavailable` refuses its requests while
     its upstream cannot serve, `drain` once the replica drains."""
     config = route.config
+    # The aggregate's endpoint fronts several upstreams: its requests' spans name none.
+    upstream = route.name or (None if config.aggregating else config.upstream.name)
     endpoint = McpEndpoint(
         config.server,
         route.upstream,
@@ -106,8 +121,14 @@ def build_endpoint(
         auth,
         stream_write_timeout_s=config.tasks.stream_write_timeout_s,
         scope=EndpointScope(
-            route.name, config.auth, unavailable, drain, hands_down_caller=config.exchanges_caller_tokens
+            route.name,
+            config.auth,
+            unavailable,
+            drain,
+            hands_down_caller=config.exchanges_caller_tokens,
+            upstream=upstream,
         ),
     )
     app.router.add_route("*", route.path, endpoint.handle)
+    app[MCP_PATHS].add(route.path)
     return endpoint

@@ -42,6 +42,7 @@ from gateway.config.tasks import (
     TaskSupport,
     ToolTaskPolicy,
 )
+from gateway.config.telemetry import TelemetryConfig
 from gateway.config.ui import UI_PATH, UiConfig, ui_problems
 from gateway.config.upstream import (
     DEFAULT_UPSTREAM,
@@ -88,6 +89,7 @@ __all__ = [
     "StoreConfig",
     "TaskSupport",
     "TasksConfig",
+    "TelemetryConfig",
     "ToolTaskPolicy",
     "UiConfig",
     "UpstreamAuthConfig",

@@ -19,6 +19,7 @@ from gateway.config.section import Section
 from gateway.config.server import ServerConfig
 from gateway.config.store import StoreConfig
 from gateway.config.tasks import TasksConfig
+from gateway.config.telemetry import TelemetryConfig
 from gateway.config.ui import UiConfig, ui_problems
 from gateway.config.upstream import UpstreamConfig
 from gateway.config.upstreams import KeyProblems, require_entry_names, route_config, upstream_problems
@@ -38,6 +39,7 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway import telemetry
 from gateway.buffers import BufferBudget
 from gateway.config import AuthConfig, ServerConfig
 from gateway.drain import Drain
@@ -100,6 +101,8 @@ class EndpointScope:
     hands_down_caller: bool = False
     """An upstream here acts for the caller (`token_exchange`): each call carries the caller's validated
     token down to it (`gateway.principal.with_caller`)."""
+    upstream: str | None = None
+    """The name of the one upstream behind it, for traces; None for the aggregate of several."""
 
 
 PostHandler = Callable[[web.Request, Era, Message, Kind, dict[str, str], Principal], Awaitable[web.StreamResponse]]
@@ -192,6 +195,7 @@ class McpEndpoint:
         return self._error_response(error)
 
     def _error_response(self, error: ProtocolError, era: Era | None = None) -> web.Response:
+        telemetry.annotate(telemetry.ERROR_CODE, error.code)
         if isinstance(error, Overloaded):
             self._metrics.rejected.labels(limit=error.limit).inc()
         return error_response(error, era, retry_after_s=self._config.retry_after_s)
@@ -204,6 +208,14 @@ class McpEndpoint:
         checks.check_content_type(request.headers.get("Content-Type"))
         checks.check_accept_post(request.headers.get("Accept"))
         message = jsonrpc.parse_message(await self._read_body(request), self._config.max_json_depth)
+        telemetry.join(
+            message,
+            **{
+                telemetry.ERA: era.value,
+                telemetry.PRINCIPAL: principal.owner,
+                telemetry.UPSTREAM: self._scope.upstream,
+            },
+        )
         try:
             kind = jsonrpc.classify(message)
             # Draining: a new request is refused; a response or notification (an answer to a running

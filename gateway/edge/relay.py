@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway import telemetry
 from gateway.edge.responder import Responder, SlowClient
 from gateway.metrics import Metrics
 from gateway.pacing import WritePacer
@@ -48,7 +49,8 @@ async def relay(
     """Relay `exchange` to `responder`, with what `hooks` add."""
     relaying = _Relay(exchange, responder, era, settings, hooks)
     try:
-        return await relaying.run()
+        with telemetry.span(telemetry.RELAY_SPAN, **{telemetry.METHOD: exchange.method}):
+            return await relaying.run()
     except (asyncio.CancelledError, ConnectionResetError, SlowClient) as exc:
         await relaying.client_gone()
         response = responder.abandon()

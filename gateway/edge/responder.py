@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from gateway import telemetry
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc, sse
 from gateway.protocol.era import Era
@@ -137,6 +138,7 @@ class Responder:
 
     async def finish(self, final: Message, era: Era) -> web.StreamResponse:
         """End with the response: as JSON when nothing was streamed yet, else as the last SSE event."""
+        telemetry.answered(final)
         if self.stream is None:
             return json_response(final, era.status_for_response(final), self._headers)
         await self.send([final])

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway import telemetry
 from gateway.config import RetentionConfig, StoreConfig, TasksConfig
 from gateway.events.capture import Capture, TaskEvent
 from gateway.events.log import EventLog, LogSealed, StoreUnavailable
@@ -308,6 +309,7 @@ class TaskRegistry:
         task = Task(record)
         task.phase = step(task.phase, Event.CREATED, task.kind).phase
         self._tasks[task.id] = task
+        telemetry.task_started(task.id, tool, task.status.value)
         # The record exists: from here on the store's faults are held like any write of a running task.
         await self.writes.write(task.id, 0, lambda: self.log.create(task.id))
         payload = {"tool": tool, "status": task.status.value, "era": dialect, **created}
@@ -544,6 +546,7 @@ class TaskRegistry:
                 task.kept_outcome = encoded
                 evicted = await self._keep(task.id, len(encoded))
             self._wind_down(task)
+        telemetry.task_status(task.id, status.value, terminal=status.terminal)
         if task.on_status is not None:
             await task.on_status(task)
         await self._record_evictions(evicted)

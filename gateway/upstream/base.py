@@ -28,6 +28,9 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import Span, Status, StatusCode
+
+from gateway import telemetry
 from gateway.buffers import BufferBudget
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import Message, Overloaded, RequestId
@@ -118,6 +121,8 @@ class Exchange:
         self.failure_detail: str | None = None
         """`failure` with what the upstream itself said (its last stderr line, its HTTP error body), for
         the log and /readyz; never the gateway's configuration (command line, URL, addresses)."""
+        self.span: Span | None = None
+        """The exchange's span while tracing is on (the link starts it); ended as the exchange settles."""
 
     @property
     def finished(self) -> bool:
@@ -147,6 +152,8 @@ class Exchange:
         if self._finished:  # failed (or expired) while this message waited for room
             return
         if jsonrpc.is_final(message):
+            if self.span is not None and isinstance(error := message.get("error"), dict):
+                telemetry.error_code(self.span, error)
             self._settle()
         if self._detached:
             self._budget.dropped(1)
@@ -163,6 +170,8 @@ class Exchange:
         own account, kept for the log and /readyz (see `failure_detail`)."""
         if self._finished:
             return
+        if self.span is not None:
+            self.span.set_status(Status(StatusCode.ERROR, text))
         self._settle()
         self.failure = text
         self.failure_detail = f"{text}: {detail}" if detail else text
@@ -201,6 +210,9 @@ class Exchange:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.span is not None:
+            self.span.end()
+            self.span = None
 
     def _expire(self) -> None:
         """The deadline passed without a response: cancel upstream, and end with the timeout error."""

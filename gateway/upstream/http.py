@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import aiohttp
 from multidict import CIMultiDict
 
+from gateway import telemetry
 from gateway.buffers import BufferBudget
 from gateway.config import HttpUpstreamConfig
 from gateway.metrics import DEFAULT_UPSTREAM, Metrics
@@ -135,6 +136,7 @@ class HttpChannel(UpstreamChannel):
         self._closed = False
         self._left_open = False
         """Closed without its DELETE: another process watches its tasks on from here (`leave_open`)."""
+        self._name = name
         self._log = UpstreamLog(logger, {"upstream": name})
 
     @property
@@ -159,7 +161,13 @@ class HttpChannel(UpstreamChannel):
         self._remember_version(headers)
         call = _Call(exchange)
         self._calls.add(call)
-        call.task = asyncio.create_task(self._run_call(call, message, headers), name=f"upstream-http-{message['id']}")
+        exchange.span = telemetry.start_span(
+            telemetry.UPSTREAM_SPAN, **{telemetry.METHOD: exchange.method, telemetry.UPSTREAM: self._name}
+        )
+        with telemetry.current(exchange.span):  # the call's task runs under it: its headers name it
+            call.task = asyncio.create_task(
+                self._run_call(call, message, headers), name=f"upstream-http-{message['id']}"
+            )
         call.task.add_done_callback(lambda _: self._calls.discard(call))
 
         async def cancel(reason: str) -> None:
@@ -226,6 +234,8 @@ class HttpChannel(UpstreamChannel):
             return
         request_headers = self._headers(headers, authorization, accept=ACCEPT_BOTH, with_session=not is_initialize)
         request_headers["Content-Type"] = JSON
+        telemetry.inject_headers(request_headers)
+        message = telemetry.with_trace_meta(message, always=False)
         try:
             response = await self._client.post(self._url, data=jsonrpc.dumps(message), headers=request_headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -364,6 +374,7 @@ class HttpChannel(UpstreamChannel):
             return False
         request_headers = self._headers(headers, authorization, accept=ACCEPT_BOTH, with_session=True)
         request_headers["Content-Type"] = JSON
+        telemetry.inject_headers(request_headers)
         timeout = aiohttp.ClientTimeout(total=SEND_TIMEOUT_S, connect=self._config.connect_timeout_s)
         try:
             async with self._client.post(

@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 from cachetools import LRUCache, TTLCache
 
+from gateway import telemetry
 from gateway.buffers import BufferBudget
 from gateway.config import StdioConfig
 from gateway.metrics import DEFAULT_UPSTREAM, Metrics
@@ -331,6 +332,11 @@ class StdioProcess:
         outgoing = {**message, "id": upstream_id}
         if params is not None:
             outgoing["params"] = params
+        exchange.span = telemetry.start_span(
+            telemetry.UPSTREAM_SPAN, **{telemetry.METHOD: exchange.method, telemetry.UPSTREAM: self._name}
+        )
+        with telemetry.current(exchange.span):
+            outgoing = telemetry.with_trace_meta(outgoing, always=True)
         streamed = params.get("taskId") if message["method"] == "tasks/stream" and isinstance(params, dict) else None
         self._routes[upstream_id] = _Route(exchange, client_id, client_token, streamed)
         self._by_client_id[client_id] = upstream_id
@@ -841,19 +847,20 @@ class StdioUpstream(Upstream):
         # A pinned process holds state only it knows (a task, a signed requestState): a request for it
         # waits its turn there even while another request is in flight on it; any other process would
         # answer "unknown".
-        if channel is None or channel.closed:
-            channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
-        elif channel in self._idle:
-            self._idle.remove(channel)
-        try:
-            async with asyncio.timeout(self._config.acquire_timeout_s):
-                await channel.lease.acquire()
-        except TimeoutError:
-            raise UpstreamBusy(
-                "upstream.stdio.acquire_timeout_s",
-                "the upstream process that holds this task or requestState stayed busy",
-                "retry the same request later",
-            ) from None
+        with telemetry.span(telemetry.STDIO_WAIT_SPAN, **{telemetry.UPSTREAM: self.name}):
+            if channel is None or channel.closed:
+                channel = self._idle.pop() if self._idle else await self._new_channel(self._config.acquire_timeout_s)
+            elif channel in self._idle:
+                self._idle.remove(channel)
+            try:
+                async with asyncio.timeout(self._config.acquire_timeout_s):
+                    await channel.lease.acquire()
+            except TimeoutError:
+                raise UpstreamBusy(
+                    "upstream.stdio.acquire_timeout_s",
+                    "the upstream process that holds this task or requestState stayed busy",
+                    "retry the same request later",
+                ) from None
         try:
             yield channel
         finally:
