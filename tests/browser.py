@@ -144,8 +144,12 @@ def progress_notification(progress: int, total: int) -> dict[str, Any]:
 
 WATCH_INTERACTIONS = """() => {
     // Each keydown and click answered: from the input's own time stamp (when the browser took it, so
-    // time the main thread was busy counts) to just after the next frame is painted.
+    // time the main thread was busy counts) to just after the next frame is painted. Called again, it
+    // starts the figures afresh (the listeners stay, once).
     window.__answers = [];
+    window.__longTasks = [];
+    if (window.__watching) return;
+    window.__watching = true;
     const answered = event => {
         const input = event.timeStamp;
         requestAnimationFrame(() => {
@@ -156,7 +160,6 @@ WATCH_INTERACTIONS = """() => {
     };
     window.addEventListener('keydown', answered, true);
     window.addEventListener('click', answered, true);
-    window.__longTasks = [];
     new PerformanceObserver(list => {
         for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
     }).observe({type: 'longtask'});
@@ -165,6 +168,13 @@ WATCH_INTERACTIONS = """() => {
 
 NEXT_FRAME = "() => new Promise(resolve => requestAnimationFrame(() => resolve(null)))"
 """Resolves at the page's next frame."""
+
+NEWEST_SHOWN = """() => {
+    const last = window.mcpTaskUi.lastSeq();
+    return last !== null && document.querySelector(`#timeline .event[data-seq="${last}"]`) !== null
+        && window.mcpTaskUi.state() !== 'loading';
+}"""
+"""The task's last event is on screen and nothing is loading."""
 
 OLDEST_SHOWN = """() => document.querySelector('#timeline .event[data-seq="0"]') !== null
     && window.mcpTaskUi.state() !== 'loading'"""
@@ -251,6 +261,13 @@ async def scroll_to_oldest(page: Page) -> ScrollFigures:
     figures.answers_ms = [float(ms) for ms in await page.evaluate("() => window.__answers")]
     figures.long_tasks_ms = [float(ms) for ms in await page.evaluate("() => window.__longTasks")]
     return figures
+
+
+async def back_to_newest(page: Page) -> None:
+    """Press End on the timeline and wait until the task's last event is on screen again (within WAIT_MS)."""
+    await page.locator("#timeline").focus()
+    await page.keyboard.press("End")
+    await page.wait_for_function(NEWEST_SHOWN, polling=100, timeout=WAIT_MS)
 
 
 async def sample(page: Page, heap: Heap, figures: ScrollFigures) -> None:
