@@ -35,7 +35,7 @@ import pytest
 from gateway.client import GatewayClient
 from gateway.client.tail import main as tail_main
 from gateway.config import EventsConfig
-from gateway.protocol.dialect import TASK_TOOL_KEY
+from gateway.protocol.dialect import TASK_TOOL_KEY, TASK_UPSTREAM_KEY
 from gateway.protocol.era import Era
 from tests.conftest import (
     EXAMPLE_SERVER,
@@ -410,9 +410,10 @@ async def test_task_augmented_call_completes_like_direct(pair: Pair) -> None:
     assert [t["taskId"] for t in gw["listed"]["result"]["tasks"]] == [gw["task_id"]]
     # The list comes from the gateway's records (never the upstream's, which shows every caller of the
     # gateway's upstream credential), and they hold what the upstream showed, but its `_meta`; each task's
-    # `_meta` names its tool instead.
+    # `_meta` names its tool instead, and with several upstreams the upstream that runs it.
     listed = body(gw["listed"])
-    assert [task.pop("_meta") for task in listed["tasks"]] == [{TASK_TOOL_KEY: TOOL}]
+    meta = {TASK_TOOL_KEY: TOOL} | ({TASK_UPSTREAM_KEY: "everything"} if pair.kind == "servers-path" else {})
+    assert [task.pop("_meta") for task in listed["tasks"]] == [meta]
     assert listed == {key: value for key, value in body(direct["listed"]).items() if key != "_meta"}
 
     # The timeline: every status change the upstream pushed, in order, then the terminal event.
