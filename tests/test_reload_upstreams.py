@@ -4,8 +4,9 @@ End to end, one real gateway with two `[[upstreams]]` (the example server twice,
 listener: while a legacy session is open on the aggregate (its GET stream too) and one on upstream b's
 path, the config file is replaced (c added, b removed, a's settings changed) and SIGHUP sent. c's path
 serves and its tools join the aggregate, for the open session (which hears `tools/list_changed`) as for
-a new one; b's path answers 404 to a new session and /readyz leaves b out, while the old b session's
-next request still works; once it ends, b stops. a keeps its old settings, named as needing a restart.
+a new one; b's path answers 404 to a new session and /readyz and the page's endpoints leave b out,
+while the old b session's next request still works; once it ends, b stops. a keeps its old settings,
+named as needing a restart.
 In process: what a reload takes of the upstream list, and the keys it names.
 """
 
@@ -106,6 +107,9 @@ async def test_a_reload_adds_and_removes_upstreams_while_their_sessions_go_on() 
             await until_ready(gw, {"c"})
             status, body = await readyz(gw)
             assert status == 200 and set(body["upstreams"]) == {"a", "c"}, body
+            async with http.get(f"{gw.base}/ui/config.json") as response:
+                page = {endpoint["path"] for endpoint in (await response.json())["endpoints"]}
+            assert page == {"/mcp", "/servers/a/mcp", "/servers/c/mcp"}, page
 
             # b: a new session gets 404, the open one goes on until it ends.
             assert await new_session_status(http, path["b"]) == 404
