@@ -24,8 +24,10 @@ from gateway.assembly.auth import build_auth
 from gateway.assembly.edge import CONNECTIONS, build_edge, build_endpoint, request_context
 from gateway.assembly.health import build_health
 from gateway.assembly.metrics import METRICS, build_metrics
+from gateway.assembly.parts import Groups
 from gateway.assembly.reload import build_reload
 from gateway.assembly.routes import build_routes
+from gateway.assembly.servers import Shared, build_servers
 from gateway.assembly.sessions import build_sessions
 from gateway.assembly.stores import Stores, build_stores, describe_store, open_stores
 from gateway.assembly.tasks import REGISTRY, build_task_core, build_tasks, run_tasks
@@ -73,17 +75,20 @@ def build_app(
     stores = open_stores(app, config, metrics)
     auth = build_auth(app, config, stores)
     budget = build_budget(config, metrics)
-    routes = build_routes(app, config, metrics, budget, upstream)
-    sessions = {route.name: build_sessions(app, route.config, route.upstream, metrics, budget) for route in routes}
+    groups = Groups(app)  # each of several upstreams' link and sessions: started and stopped here
+    routes = build_routes(app, groups, config, metrics, budget, upstream)
+    sessions = {
+        route.name: build_sessions(route.group or app, route.config, route.upstream, metrics, budget)
+        for route in routes
+    }
+    registries = list(sessions.values())
     drain = app[DRAIN] = Drain(config.server.drain_timeout_s)
     core = build_task_core(app, config, stores, metrics)
     tasks = {route.name: build_tasks(core, route.config, route.upstream, metrics, drain.started) for route in routes}
     run_tasks(app, core, stores, tasks)
     rejections = build_edge(app, config, metrics)
     digest = (lambda: reloader.current.digest) if reloader is not None else (lambda: None)
-    health = build_health(
-        app, config, routes, stores, list(sessions.values()), list(tasks.values()), metrics, drain, digest
-    )
+    health = build_health(app, config, routes, stores, registries, list(tasks.values()), metrics, drain, digest)
     endpoints = {
         route.name: build_endpoint(
             app,
@@ -100,7 +105,9 @@ def build_app(
         for route in routes
     }
     if reloader is not None:
-        build_reload(reloader, admin, metrics, auth, stores, core, endpoints, tasks)
+        shared = Shared(app, groups, metrics, budget, core, drain, auth, rejections, health)
+        servers = build_servers(shared, routes, sessions, registries, tasks, endpoints)
+        build_reload(reloader, admin, metrics, auth, stores, core, endpoints, tasks, servers)
     build_ui(app, config, routes)
     return app
 

@@ -273,6 +273,15 @@ class ReadinessSet:
     async def stop(self) -> None:
         await asyncio.gather(*(readiness.stop() for readiness in self._readinesses.values()))
 
+    def add(self, readiness: Readiness) -> None:
+        """One more upstream (a config reload added it), its checks started."""
+        self._readinesses[readiness.name] = readiness
+        readiness.start()
+
+    async def remove(self, name: str) -> None:
+        """Upstream `name` is served no more (a config reload removed it): its checks stop."""
+        await self._readinesses.pop(name).stop()
+
     def on_change(self, listener: ChangeListener) -> None:
         """Tell `listener` each change of status of any upstream (`Readiness.on_change`)."""
         for readiness in self._readinesses.values():

@@ -3,8 +3,10 @@ reload applies, reading the file again, refusing a bad one, and the one log line
 reload leaves.
 
 A reload applies the `RELOADABLE` keys of the new file and keeps every other key as it was: those name
-things built once at start (listeners, the store, the upstreams, TLS, ...), and their changes are named
-in the log line as needing a restart. What a new key means for the requests already under way is each
+things built once at start (listeners, the store, the single upstream, TLS, ...), and their changes are
+named in the log line as needing a restart. With several upstreams before and after, the upstream list
+is applied too (`served_upstreams`): upstreams are added and removed, but an entry whose settings
+changed keeps its old ones until a restart. What a new key means for the requests already under way is each
 part's own (`gateway.assembly.reload` applies them): they finish with what they started with.
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gateway.config import Config, ConfigError, ConfigUnreadable, parse_config, read_config_bytes
+from gateway.config import Config, ConfigError, ConfigUnreadable, UpstreamConfig, parse_config, read_config_bytes
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway")
@@ -55,8 +57,18 @@ class LoadedConfig:
     """The short SHA-256 of the file it was read from (None: no file, the defaults)."""
 
 
+def served_upstreams(current: Config, new: Config) -> list[UpstreamConfig]:
+    """The `[[upstreams]]` a reload serves: with several upstreams before and after, `new`'s (in its
+    order), but an entry of a name served now keeps its current settings (a restart applies theirs);
+    else the current ones (going from one upstream to several, or back, needs a restart)."""
+    if not (current.aggregating and new.aggregating):
+        return current.upstreams
+    served = {upstream.name: upstream for upstream in current.upstreams}
+    return [served.get(upstream.name, upstream) for upstream in new.upstreams]
+
+
 def reloadable(current: Config, new: Config) -> Config:
-    """`current` with the `RELOADABLE` keys of `new`: what a reload applies."""
+    """`current` with the `RELOADABLE` keys of `new` and its `served_upstreams`: what a reload applies."""
     updates: dict[str, dict[str, Any]] = {}
     for key in RELOADABLE:
         section, _, name = key.rpartition(".")
@@ -64,12 +76,26 @@ def reloadable(current: Config, new: Config) -> Config:
     top = updates.pop("", {})
     for section, fields in updates.items():
         top[section] = getattr(current, section).model_copy(update=fields)
-    return current.model_copy(update=top)
+    return current.model_copy(update={**top, "upstreams": served_upstreams(current, new)})
 
 
 def changed_keys(old: Config, new: Config) -> list[str]:
     """The dotted keys whose values differ, down to the tables (a list, `[[...]]`, is one key)."""
     return _differences(old.model_dump(), new.model_dump(), "")
+
+
+def restart_keys(applied: Config, new: Config) -> list[str]:
+    """The keys of `new` that `applied` keeps the old values of: `changed_keys`, each upstream entry
+    kept as it was named (`upstreams.NAME`) where the upstream list itself was applied."""
+    keys = changed_keys(applied, new)
+    if "upstreams" not in keys or not (applied.aggregating and new.aggregating):
+        return keys
+    kept = [
+        f"upstreams.{upstream.name}"
+        for upstream, wanted in zip(applied.upstreams, new.upstreams, strict=True)
+        if upstream != wanted
+    ]
+    return [key for key in keys if key != "upstreams"] + kept
 
 
 def _differences(old: object, new: object, prefix: str) -> list[str]:
@@ -143,7 +169,7 @@ class ConfigReloader:
             return "failed"
         self.current = LoadedConfig(applied, loaded.digest)
         changed = changed_keys(old, applied)
-        needs_restart = changed_keys(applied, loaded.config)
+        needs_restart = restart_keys(applied, loaded.config)
         extra = {"config": loaded.digest, "changed": changed, "needs_restart": needs_restart}
         if needs_restart:
             log.warning(

@@ -7,7 +7,8 @@ stopped in reverse). `build_app` calls them in this order, which is the start-up
 - `metrics`: the `Metrics`, the configured ceilings, and /metrics (on its own listener, first of all);
 - `stores`: the task store and event log `[store] kind` names (opened first, closed last);
 - `auth`: client authentication (`EdgeAuth`, the OAuth token validator) and the principal key;
-- `upstream`: the upstream link and the budget of bytes buffered for clients;
+- `upstream`: the upstream link and the budget of bytes buffered for clients (`routes`: which endpoints,
+  each of several upstreams' link and sessions started and stopped in a group of its own, `parts`);
 - `sessions`: the legacy client sessions;
 - `tasks`: the task registry, hosted and pass-through tasks, owner leases and the task service;
 - `edge`: the MCP endpoint, the HTTP request context, the connection count;
@@ -15,5 +16,6 @@ stopped in reverse). `build_app` calls them in this order, which is the start-up
 - `ui`: the task timeline page at /ui, its static files and /ui/config.json (`[ui]`; no start or stop).
 
 Then, when the gateway was started from a config file, `reload` wires what a config reload applies to
-these parts (SIGHUP, `POST /admin/reload`); it starts and stops nothing.
+these parts (SIGHUP, `POST /admin/reload`); with several upstreams `servers` starts an added upstream's
+parts with the same builders and stops a removed one's once it has drained.
 """

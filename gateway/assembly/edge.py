@@ -1,20 +1,21 @@
 """Builds the edge: the MCP endpoints (`[server] path`, and with several upstreams each one's
-`/servers/NAME/mcp`), the request context every HTTP request runs in (an id for the logs, a span while
-tracing is on, an unexpected failure answered as a JSON-RPC error), the client connection count, and the
-counting of refused requests, malformed HTTP included."""
+`/servers/NAME/mcp`, one route dispatching by name: `gateway.edge.servers`), the request context every
+HTTP request runs in (an id for the logs, a span while tracing is on, an unexpected failure answered
+as a JSON-RPC error), the client connection count, and the counting of refused requests, malformed
+HTTP included."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.log import server_logger
 
 from gateway import telemetry
-from gateway.assembly.routes import Route
+from gateway.assembly.routes import SERVERS_PATH, Route
 from gateway.assembly.tasks import Tasks
 from gateway.buffers import BufferBudget
 from gateway.config import Config
@@ -24,6 +25,7 @@ from gateway.edge.connections import ConnectionCount
 from gateway.edge.endpoint import EndpointScope, McpEndpoint
 from gateway.edge.rejections import FramingErrors, Rejections
 from gateway.edge.responder import json_response
+from gateway.edge.servers import Handler, ServerPaths
 from gateway.metrics import Metrics
 from gateway.protocol import jsonrpc
 from gateway.protocol.jsonrpc import ProtocolError
@@ -31,13 +33,14 @@ from gateway.sessions import SessionRegistry
 
 log = logging.getLogger("gateway")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 CONNECTIONS = web.AppKey("connections", ConnectionCount)
 """The client connections `serve` holds against `[server] max_connections`."""
 
 MCP_PATHS = web.AppKey("mcp_paths", set[str])
 """The MCP endpoints' paths: the requests that get a span (probes and /metrics get none)."""
+
+SERVER_PATHS = web.AppKey("server_paths", ServerPaths)
+"""With several upstreams, each one's endpoint at `/servers/NAME/mcp`, by name."""
 
 
 @web.middleware
@@ -77,10 +80,14 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 def build_edge(app: web.Application, config: Config, metrics: Metrics) -> Rejections:
     """What every MCP endpoint shares: the client connection count, and malformed HTTP counted while
-    the app runs. Returns the refusal counter the endpoints report to."""
+    the app runs; with several upstreams, the route to each one's endpoint. Returns the refusal counter
+    the endpoints report to."""
     rejections = Rejections(metrics, config.logging.rejected_log_interval_s)
     app[CONNECTIONS] = ConnectionCount(config.server, metrics)
     app[MCP_PATHS] = set()
+    if config.aggregating:
+        paths = app[SERVER_PATHS] = ServerPaths()
+        app.router.add_route("*", SERVERS_PATH, paths.handle)
     # aiohttp logs malformed HTTP with a traceback at error level: make it a counted, quiet warning.
     framing_errors = FramingErrors(rejections)
 
@@ -129,6 +136,9 @@ def build_endpoint(
             upstream=upstream,
         ),
     )
-    app.router.add_route("*", route.path, endpoint.handle)
+    if route.name is None:
+        app.router.add_route("*", route.path, endpoint.handle)
+    else:  # one of several upstreams: it may come and go with a config reload
+        app[SERVER_PATHS].mount(route.name, endpoint.handle)
     app[MCP_PATHS].add(route.path)
     return endpoint

@@ -3,7 +3,8 @@ store be used), /healthz (liveness: 200 while the process serves, draining too) 
 while the replica is not draining (`gateway.drain`), the store is usable and the upstream is, or with
 several upstreams, any or all of them: `[server] ready_when`). Started last and stopped first: the
 gateway serves, for these routes, only while all else runs. Each upstream's readiness also gates its
-own endpoint and the aggregate's view of its tools (`Health`, `wire_aggregate`)."""
+own endpoint and the aggregate's view of its tools (`Health`, `wire_aggregate`). A config reload adds
+and removes upstreams here too (`Health.add`, `Health.remove`)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,15 @@ from gateway.drain import DRAINING, Drain
 from gateway.edge.responder import json_response
 from gateway.metrics import Metrics
 from gateway.protocol.jsonrpc import ProtocolError
-from gateway.readiness import Readiness, ReadinessSet, StoreHealth, UpstreamState, unavailable_error, upstream_name
+from gateway.readiness import (
+    ChangeListener,
+    Readiness,
+    ReadinessSet,
+    StoreHealth,
+    UpstreamState,
+    unavailable_error,
+    upstream_name,
+)
 from gateway.sessions import SessionRegistry
 from gateway.upstream.aggregate.link import AggregateUpstream
 
@@ -37,8 +46,30 @@ class Health:
     every: ReadinessSet
     single: Readiness | None
     """The one upstream's (`[upstream]`), whose /readyz body is its own as it always was."""
+    store_health: StoreHealth
     config_digest: Callable[[], str | None] = lambda: None
     """The short hash of the config file in use, /readyz's `config` (None: no file, none shown)."""
+    aggregate_listener: ChangeListener | None = None
+    """What tells the aggregate an upstream's usability changed (`wire_aggregate`)."""
+
+    def serve(self, *tasks: Tasks) -> None:
+        """The endpoints' task services report the store failures they meet (/readyz's "store down")."""
+        for each in tasks:
+            each.service.store_failed = self.store_health.failed
+
+    def add(self, route: Route, config: Config, metrics: Metrics) -> None:
+        """Upstream `route` joins (a config reload added it): its readiness checked, the aggregate told
+        of its changes."""
+        readiness = self.readiness[route.config.upstream.name] = readiness_of(route, config, metrics)
+        if self.aggregate_listener is not None:
+            readiness.on_change(self.aggregate_listener)
+        self.every.add(readiness)
+
+    async def remove(self, name: str) -> None:
+        """Upstream `name` is served no more (a config reload removed it): /readyz leaves it out, the
+        aggregate finds it unusable, and its checks stop."""
+        del self.readiness[name]
+        await self.every.remove(name)
 
     def statuses(self) -> object:
         """/healthz's `upstream`: the one upstream's status, or each one's by name."""
@@ -84,12 +115,12 @@ def build_health(
     drain: Drain,
     config_digest: Callable[[], str | None] = lambda: None,
 ) -> Health:
-    readiness = build_readiness(config, routes, metrics)
+    readiness, listener = build_readiness(config, routes, metrics)
     every = ReadinessSet(list(readiness.values()), config.server.ready_when)
-    health = Health(readiness, every, None if config.aggregating else next(iter(readiness.values())), config_digest)
     store_health = StoreHealth(lambda: stores.tasks.find("readyz-probe"), lambda: tasks[0].registry.writes.down)
-    for each in tasks:
-        each.service.store_failed = store_health.failed
+    single = None if config.aggregating else next(iter(readiness.values()))
+    health = Health(readiness, every, single, store_health, config_digest, listener)
+    health.serve(*tasks)
     serving, started = asyncio.Event(), time.monotonic()
 
     async def healthz(_: web.Request) -> web.Response:
@@ -125,30 +156,40 @@ def build_health(
     return health
 
 
-def build_readiness(config: Config, routes: list[Route], metrics: Metrics) -> dict[str, Readiness]:
-    """Each upstream's readiness, by name; the aggregate's view of their tools follows it."""
+def readiness_of(route: Route, config: Config, metrics: Metrics) -> Readiness:
+    """The readiness of the upstream of `route` (not the aggregate's)."""
+    upstream = route.config.upstream
+    return Readiness(
+        route.upstream,
+        upstream_name(upstream),
+        upstream.readiness,
+        config.server.initialize_timeout_s,
+        metrics,
+        name=upstream.name,
+    )
+
+
+def build_readiness(
+    config: Config, routes: list[Route], metrics: Metrics
+) -> tuple[dict[str, Readiness], ChangeListener | None]:
+    """Each upstream's readiness, by name; the aggregate's view of their tools follows it (through the
+    listener returned)."""
     readiness = {
-        route.config.upstream.name: Readiness(
-            route.upstream,
-            upstream_name(route.config.upstream),
-            route.config.upstream.readiness,
-            config.server.initialize_timeout_s,
-            metrics,
-            name=route.config.upstream.name,
-        )
+        route.config.upstream.name: readiness_of(route, config, metrics)
         for route in routes
         if not isinstance(route.upstream, AggregateUpstream)
     }
+    listener = None
     for route in routes:
         if isinstance(aggregate := route.upstream, AggregateUpstream):
-            wire_aggregate(aggregate, readiness)
-    return readiness
+            listener = wire_aggregate(aggregate, readiness)
+    return readiness, listener
 
 
-def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> None:
-    """The aggregate leaves out the tools of an upstream found unusable, and tells its clients each
-    time one leaves or comes back (`list_changed`)."""
-    aggregate.usable = lambda name: readiness[name].state.status != "unready"
+def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]) -> ChangeListener:
+    """The aggregate leaves out the tools of an upstream found unusable (or no longer served), and tells
+    its clients each time one leaves or comes back (`list_changed`); returns what tells it."""
+    aggregate.usable = lambda name: (each := readiness.get(name)) is not None and each.state.status != "unready"
     changes: set[asyncio.Future[None]] = set()
 
     def changed(name: str, _: UpstreamState) -> None:  # called in the readiness task: schedule, never wait
@@ -158,3 +199,4 @@ def wire_aggregate(aggregate: AggregateUpstream, readiness: dict[str, Readiness]
 
     for each in readiness.values():
         each.on_change(changed)
+    return changed

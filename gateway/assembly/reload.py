@@ -5,9 +5,10 @@ metrics listener (`[server] metrics_listen`; never on the main listener).
 Applied for the requests that come after it: the edge's authentication (api keys, JWT/JWKS and
 introspection settings) and each endpoint's `[[auth.rules]]` and `[auth.limits]`, the capture rules
 (`[[rules]]`), each endpoint's `[[tasks.tools]]` policies, and `[retention]` (the stores' bounds, the
-outcomes kept, what is advertised). Streams, sessions and tasks under way keep the objects they
-started with; a task already running records its later events under the new capture rules, and its
-log is trimmed to the new bounds at its next event."""
+outcomes kept, what is advertised), and with several upstreams the upstream list (`servers`: added
+upstreams start and join, removed ones leave and drain). Streams, sessions and tasks under way keep the
+objects they started with; a task already running records its later events under the new capture
+rules, and its log is trimmed to the new bounds at its next event."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from gateway.assembly.auth import Auth, reauthenticate
 from gateway.assembly.routes import route_config
+from gateway.assembly.servers import Servers
 from gateway.assembly.stores import Stores, retain
 from gateway.assembly.tasks import TaskCore, Tasks, make_capture
 from gateway.config import Config
@@ -37,15 +39,25 @@ def build_reload(
     core: TaskCore,
     endpoints: Mapping[str | None, McpEndpoint],
     tasks: Mapping[str | None, Tasks],
+    servers: Servers | None,
 ) -> None:
-    """Reloads from now on apply to these parts; `admin` (the metrics listener's routes) gets
-    `POST /admin/reload`."""
+    """Reloads from now on apply to these parts (`endpoints` and `tasks` kept current by `servers`, the
+    several upstreams, if any); `admin` (the metrics listener's routes) gets `POST /admin/reload`."""
 
     async def apply(config: Config) -> None:
-        # Everything that can fail is built before anything is replaced: a failed reload changes nothing.
+        # Everything that can fail is built (and an added upstream started) before anything is
+        # replaced: a failed reload changes nothing.
         capture = make_capture(config)
+        change = await servers.prepare(config) if servers is not None else None
+        try:
+            replaced = await reauthenticate(auth, config)
+        except BaseException:
+            if servers is not None and change is not None:
+                await servers.abandon(change)
+            raise
+        if servers is not None and change is not None:
+            await servers.commit(change)
         scoped = {name: route_config(config, name) for name in endpoints}
-        replaced = await reauthenticate(auth, config)
         core.registry.capture = capture
         retain(stores, config)
         core.registry.retention = core.hosted.retention = config.retention

@@ -4,7 +4,8 @@ One upstream (`[upstream]`): one endpoint at `[server] path`. Several (`[[upstre
 own endpoint at `/servers/NAME/mcp`, fronting its link exactly as the single endpoint does, and at
 `[server] path` the aggregate (`gateway.upstream.aggregate`): one server made of all of them, over the
 same links. Each link is started once, after the stores are open, and closed after every endpoint that
-uses it has stopped."""
+uses it has stopped; each of several upstreams' link starts and stops in that upstream's `Group`
+(`gateway.assembly.parts`), so a config reload can add one (`upstream_route`) or stop a removed one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from gateway.assembly.parts import Group, Groups
 from gateway.assembly.upstream import start_upstream
 from gateway.buffers import BufferBudget
 from gateway.config import Config
@@ -32,6 +34,8 @@ class Route:
     path: str
     config: Config
     upstream: Upstream
+    group: Group | None = None
+    """What starts and stops with this upstream alone (one of several): its link, its sessions."""
 
 
 def route_config(config: Config, name: str | None) -> Config:
@@ -40,22 +44,31 @@ def route_config(config: Config, name: str | None) -> Config:
     return config.for_route(name) if config.aggregating else config
 
 
+def upstream_route(app: web.Application, config: Config, name: str, metrics: Metrics, budget: BufferBudget) -> Route:
+    """The endpoint of upstream `name` of several, its link started with a group of its own (at start,
+    and when a config reload adds it)."""
+    scoped = route_config(config, name)
+    group = Group(app)
+    upstream = start_upstream(group, scoped, metrics, budget, None)
+    return Route(name, SERVERS_PATH.format(name=name), scoped, upstream, group)
+
+
 def build_routes(
-    app: web.Application, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
+    app: web.Application,
+    groups: Groups,
+    config: Config,
+    metrics: Metrics,
+    budget: BufferBudget,
+    given: Upstream | None,
 ) -> list[Route]:
     """The endpoints `config` asks for, each upstream link started with the app (`given`: the one
-    upstream, used as it is)."""
+    upstream, used as it is), each of several upstreams' with its group."""
     if not config.aggregating:
         return [Route(None, config.server.path, config, start_upstream(app, config, metrics, budget, given))]
-    routes = [
-        Route(
-            upstream.name,
-            SERVERS_PATH.format(name=upstream.name),
-            scoped := route_config(config, upstream.name),
-            start_upstream(app, scoped, metrics, budget, None),
-        )
-        for upstream in config.named_upstreams()
-    ]
+    routes = [upstream_route(app, config, upstream.name, metrics, budget) for upstream in config.named_upstreams()]
+    for route in routes:
+        assert route.group is not None
+        groups.add(route.group)
     aggregate = AggregateUpstream(
         {route.name: route.upstream for route in routes if route.name is not None},
         config.server.name_separator,

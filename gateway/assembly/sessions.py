@@ -1,12 +1,12 @@
 """Builds the legacy (2025-11-25) client sessions: started after the upstream, stopped after the tasks
-(so their runs have ended) and before the upstream closes."""
+(so their runs have ended) and before the upstream closes: with the app, or with their upstream's group
+(`gateway.assembly.parts`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from aiohttp import web
-
+from gateway.assembly.parts import Lifecycle
 from gateway.buffers import BufferBudget
 from gateway.config import Config
 from gateway.metrics import Metrics
@@ -15,7 +15,7 @@ from gateway.upstream.base import Upstream
 
 
 def build_sessions(
-    app: web.Application, config: Config, upstream: Upstream, metrics: Metrics, budget: BufferBudget
+    life: Lifecycle, config: Config, upstream: Upstream, metrics: Metrics, budget: BufferBudget
 ) -> SessionRegistry:
     server = config.server
     sessions = SessionRegistry(
@@ -29,10 +29,10 @@ def build_sessions(
         server.resume,
     )
 
-    async def running(_: web.Application) -> AsyncIterator[None]:
+    async def running(_: object) -> AsyncIterator[None]:
         sessions.start()
         yield
         await sessions.stop()
 
-    app.cleanup_ctx.append(running)
+    life.cleanup_ctx.append(running)
     return sessions

@@ -37,7 +37,6 @@ def build_ui(app: web.Application, config: Config, routes: list[Route]) -> None:
     if not config.ui.enabled:
         return
     files = static_files()
-    settings = page_config(config, routes)
 
     def serve(file: StaticFile, request: web.Request) -> web.Response:
         headers = {**SECURITY_HEADERS, "Cache-Control": "no-cache", "ETag": file.etag}
@@ -51,7 +50,8 @@ def build_ui(app: web.Application, config: Config, routes: list[Route]) -> None:
     async def asset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name == "config.json":
-            return json_response(settings, headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
+            # Made per request: a config reload may add or remove upstreams (`routes` follows).
+            return json_response(page_config(config, routes), headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
         if (file := files.get(name)) is None:
             raise web.HTTPNotFound(headers=SECURITY_HEADERS)
         return serve(file, request)

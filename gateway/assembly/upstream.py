@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 
-from aiohttp import web
-
+from gateway.assembly.parts import Lifecycle
 from gateway.buffers import BufferBudget
 from gateway.config import Config, ConfigError, HttpUpstreamConfig
 from gateway.deadlines import RequestDeadlines
@@ -75,20 +74,20 @@ def bridged(link: Upstream, config: Config, budget: BufferBudget) -> BridgingUps
 
 
 def start_upstream(
-    app: web.Application, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
+    life: Lifecycle, config: Config, metrics: Metrics, budget: BufferBudget, given: Upstream | None
 ) -> Upstream:
     """`given` (used as it is), or the upstream `[upstream]` configures behind the era seam (a client of
-    either era carried to it), started with the app and closed when it stops."""
+    either era carried to it), started with `life` (the app, or its upstream's group) and closed when it stops."""
     upstream = given or bridged(build_upstream(config, metrics, budget), config, budget)
     link = upstream.link if isinstance(upstream, BridgingUpstream) else upstream
     if isinstance(link, StdioUpstream):
         key = "upstream" if not config.aggregating else f"upstreams.{config.upstream.name}"
         metrics.limits.labels(limit=f"{key}.stdio.max_processes").set(config.upstream.stdio.max_processes)
 
-    async def running(_: web.Application) -> AsyncIterator[None]:
+    async def running(_: object) -> AsyncIterator[None]:
         await upstream.start()
         yield
         await upstream.close()
 
-    app.cleanup_ctx.append(running)
+    life.cleanup_ctx.append(running)
     return upstream

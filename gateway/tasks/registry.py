@@ -325,6 +325,14 @@ class TaskRegistry:
         and only its `upstream`-scoped capture rules apply."""
         return route_of(record.owner) or self.upstream_of_tool(record.tool)
 
+    def runs_on(self, upstream: str, upstream_of_tool: Callable[[str], str | None]) -> bool:
+        """Whether a task this process holds runs on `upstream` unfinished: one its own endpoint made, or
+        one of the aggregate whose tool `upstream_of_tool` says is its (a removed upstream waits for them)."""
+        return any(
+            not task.terminal and (route_of(task.record.owner) or upstream_of_tool(task.record.tool)) == upstream
+            for task in self._tasks.values()
+        )
+
     def capture_from(self, task: Task, message: Message) -> TaskEvent | None:
         """The event an upstream notification of `task` maps to (`Capture.from_notification`)."""
         return self.capture.from_notification(message, self.upstream_of(task.record))

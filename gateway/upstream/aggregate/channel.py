@@ -35,7 +35,7 @@ from gateway.protocol.era import SERVER_INFO_KEY
 from gateway.protocol.jsonrpc import Message, ProtocolError, RequestId
 from gateway.tasks.task_ids import map_task_ids
 from gateway.upstream.aggregate import listen
-from gateway.upstream.aggregate.naming import CursorError, merge_capabilities, merge_instructions
+from gateway.upstream.aggregate.naming import CursorError, Names, merge_capabilities, merge_instructions
 from gateway.upstream.aggregate.resources import entries_of
 from gateway.upstream.base import CLIENT_CANCEL_REASON, Exchange, UnsolicitedHandler, UpstreamChannel
 
@@ -99,7 +99,6 @@ class AggregateChannel(UpstreamChannel):
 
     def __init__(self, link: AggregateUpstream) -> None:
         self._link = link
-        self._names = link.names
         self._handler: UnsolicitedHandler | None = None
         self._server_requests: LRUCache[str, tuple[str, RequestId]] | None = None
         """The aggregate's id of each server-to-client request relayed -> (upstream, the upstream's id);
@@ -110,6 +109,11 @@ class AggregateChannel(UpstreamChannel):
         self._own_ids = itertools.count(1)
         self.routed: tuple[str, UpstreamChannel] | None = None
         """The upstream (and its channel) the last relayed request went to: `pin` forwards there."""
+
+    @property
+    def _names(self) -> Names:
+        """The aggregate's names now (a config reload may add or remove upstreams)."""
+        return self._link.names
 
     # -- what an era's conversation provides ------------------------------------------------------
 

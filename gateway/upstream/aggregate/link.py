@@ -6,7 +6,8 @@ does not start or close (their own stacks at `/servers/NAME/mcp` use them too). 
 is `channel`'s; how names, cursors and capabilities read is `naming`'s.
 
 The integrator keeps `usable` (per-upstream readiness) current and calls `upstream_changed` when an
-upstream turns usable or unusable: every open session hears the lists changed.
+upstream turns usable or unusable, and `serve` when a config reload adds or removes upstreams: every
+open session hears the lists changed (and drops its session with an upstream that left).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,6 +23,7 @@ from cachetools import TTLCache
 
 from gateway.buffers import BufferBudget
 from gateway.protocol.jsonrpc import RequestId
+from gateway.upstream.aggregate.channel import unavailable
 from gateway.upstream.aggregate.listen import LIST_FILTERS, list_changed
 from gateway.upstream.aggregate.naming import Names
 from gateway.upstream.aggregate.request import ProbeChannel, RequestChannel
@@ -75,10 +77,15 @@ class AggregateUpstream(Upstream):
     def usable_upstreams(self) -> list[str]:
         return [name for name in self.names.upstreams if self.usable(name)]
 
+    def served(self, name: str) -> Upstream:
+        """Upstream `name`; a ProtocolError once a config reload has removed it."""
+        if (upstream := self.upstreams.get(name)) is None:
+            raise unavailable(name)
+        return upstream
+
     def upstream_of(self, name: str) -> str | None:
         """The upstream a prefixed tool (or prompt) name is, None for a name none owns."""
-        owned = self.names.split(name)
-        return owned[0] if owned is not None else None
+        return self.names.owner(name)
 
     def warn_once(self, upstream: str, tool: str) -> None:
         if (upstream, tool) not in self._warned:
@@ -134,7 +141,8 @@ class AggregateUpstream(Upstream):
             return
         upstream, child = routed
         self._pins[affinity] = upstream
-        self.upstreams[upstream].pin(self._child_affinity(upstream, affinity), child)
+        if (link := self.upstreams.get(upstream)) is not None:
+            link.pin(self._child_affinity(upstream, affinity), child)
 
     @asynccontextmanager
     async def probe_session(self) -> AsyncIterator[UpstreamChannel]:
@@ -144,12 +152,27 @@ class AggregateUpstream(Upstream):
         """`name` turned usable or unusable: open sessions hear their lists changed, and what the
         aggregate declares is asked again."""
         log.info("upstream %s changed usability; announcing list changes", name)
+        await self._announce([name])
+
+    async def serve(self, upstreams: Mapping[str, Upstream], changed: Iterable[str]) -> None:
+        """Serve `upstreams` (in configured order) from now on: a config reload added or removed those
+        `changed`. Names are read anew (a removed upstream's own nothing here any more), resource owners
+        learnt anew, and open sessions hear the lists changed."""
+        self.upstreams = dict(upstreams)
+        self.names = Names(list(self.upstreams), self.names.separator)
+        self.resources = ResourceOwners(self.names)
+        if names := list(changed):  # else only their order changed
+            await self._announce(names)
+
+    async def _announce(self, names: list[str]) -> None:
+        """`names` came, went, or changed usability: what the aggregate declares is asked again, each
+        open session drops its session with those now unusable and hears its lists changed."""
         self.__dict__.pop("_discovery", None)
-        for key in [key for key in self.handshakes if key[0] == name]:
+        for key in [key for key in self.handshakes if key[0] in names]:
             del self.handshakes[key]
-        unusable = not self.usable(name)
+        unusable = [name for name in names if not self.usable(name)]
         for channel in list(self._sessions):
-            if unusable:
+            for name in unusable:
                 channel.drop_child(name)
             await channel.announce_lists()
         for out, (listen_id, filters) in list(self.listens.items()):

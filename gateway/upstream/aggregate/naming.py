@@ -49,6 +49,11 @@ class Names:
                 return upstream, prefixed[len(head) :]
         return None
 
+    def owner(self, prefixed: str) -> str | None:
+        """The upstream owning `prefixed`; None for a name no upstream owns."""
+        owned = self.split(prefixed)
+        return owned[0] if owned is not None else None
+
     def valid_tool_name(self, prefixed: str) -> bool:
         return TOOL_NAME.fullmatch(prefixed) is not None
 

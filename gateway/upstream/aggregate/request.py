@@ -47,7 +47,7 @@ class RequestChannel(AggregateChannel):
 
     async def _open_child(self, upstream: str, headers: Mapping[str, str]) -> UpstreamChannel:
         affinity = self._affinity[1] if self._affinity is not None and self._affinity[0] == upstream else None
-        stateless = self._link.upstreams[upstream].stateless(affinity, beside=self._beside, owner=self._owner)
+        stateless = self._link.served(upstream).stateless(affinity, beside=self._beside, owner=self._owner)
         return await self._stack.enter_async_context(stateless)
 
     async def close(self) -> None:

@@ -51,7 +51,7 @@ class SessionChannel(AggregateChannel):
             raise ProtocolError(jsonrpc.INTERNAL_ERROR, "upstream session closed")
         if self._handshake is None:
             raise ProtocolError(jsonrpc.INVALID_REQUEST, "Invalid request: the session is not initialized")
-        channel = await self._link.upstreams[upstream].open_session()
+        channel = await self._link.served(upstream).open_session()
         channel.set_unsolicited_handler(functools.partial(self._unsolicited, upstream))
         channel.on_loss(functools.partial(self._child_lost, upstream, channel))
         try:
